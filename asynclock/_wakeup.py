@@ -1,0 +1,119 @@
+"""Wake-ups for waiters: one slot per waiting task, woken one at a time per release.
+
+A waiter registers its slot *before* its attempt, so a release that lands between the
+failed attempt and the wait still finds the slot and marks it woken: the wait then returns
+at once and no wake-up is lost. A release wakes one slot (the oldest not yet woken), so
+64 waiters do not stampede the server for one free lock; a woken waiter that leaves
+without trying (cancelled, timed out) passes its wake-up to the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable
+
+from ._clock import Clock
+
+__all__ = ("WakeHub", "WakeSlot")
+
+
+class WakeSlot:
+    """One waiter's place in a :class:`WakeHub`."""
+
+    __slots__ = ("_fut", "_hub", "key", "woken")
+
+    def __init__(self, hub: WakeHub, key: Hashable) -> None:
+        self._hub = hub
+        self.key = key
+        self.woken = False
+        self._fut: asyncio.Future[bool] | None = None
+
+    def _wake(self) -> None:
+        self.woken = True
+        if self._fut is not None:
+            _resolve(self._fut, True)
+
+    async def wait(self, clock: Clock, until: float | None) -> bool:
+        """Sleep until woken or until ``until`` on ``clock``; True if woken.
+
+        A wake-up that arrived while the owner was busy is kept and returned at once.
+        """
+        if self.woken:
+            self.woken = False
+            return True
+        if until is not None and until <= clock.now():
+            return False
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._fut = fut
+        timer = None
+        if until is not None:
+            timer = clock.call_at(until, lambda: _resolve(fut, False))
+        try:
+            woke = await fut
+        finally:
+            self._fut = None
+            if timer is not None:
+                timer.cancel()
+        # A wake-up that raced the timer is still recorded in ``woken``: consume it either way.
+        woke = woke or self.woken
+        self.woken = False
+        return woke
+
+    def __repr__(self) -> str:
+        return f"<WakeSlot {self.key!r} woken={self.woken}>"
+
+
+def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+class WakeHub:
+    """Slots grouped by key (a lock name or a pub/sub channel), oldest first."""
+
+    __slots__ = ("_slots",)
+
+    def __init__(self) -> None:
+        # dict-as-ordered-set: O(1) removal, iteration in arrival order.
+        self._slots: dict[Hashable, dict[WakeSlot, None]] = {}
+
+    def register(self, key: Hashable) -> WakeSlot:
+        slot = WakeSlot(self, key)
+        self._slots.setdefault(key, {})[slot] = None
+        return slot
+
+    def unregister(self, slot: WakeSlot) -> None:
+        """Remove ``slot``; a wake-up it did not use goes to the next waiter."""
+        slots = self._slots.get(slot.key)
+        if slots is None or slot not in slots:
+            return
+        del slots[slot]
+        if not slots:
+            del self._slots[slot.key]
+        elif slot.woken:
+            slot.woken = False
+            self.notify_one(slot.key)
+
+    def notify_one(self, key: Hashable) -> None:
+        """Wake the oldest slot of ``key`` that is not already woken."""
+        for slot in self._slots.get(key, ()):
+            if not slot.woken:
+                slot._wake()
+                return
+
+    def notify_all(self, key: Hashable | None = None) -> None:
+        """Wake every slot of ``key``, or every slot of every key (after a lost connection)."""
+        groups = self._slots.values() if key is None else (self._slots.get(key, {}),)
+        for slots in list(groups):
+            for slot in list(slots):
+                slot._wake()
+
+    def waiting(self, key: Hashable | None = None) -> int:
+        """Number of registered slots for ``key`` (all keys if None)."""
+        if key is None:
+            return sum(len(s) for s in self._slots.values())
+        return len(self._slots.get(key, ()))
+
+    def keys(self) -> list[Hashable]:
+        """Keys with at least one slot."""
+        return list(self._slots)
