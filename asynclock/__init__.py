@@ -1,0 +1,49 @@
+"""asynclock: asyncio-native distributed locks and leases on Redis, PostgreSQL and in memory.
+
+::
+
+    import asynclock
+
+    async with asynclock.connect("redis://127.0.0.1:6379/0") as coord:
+        async with coord.lock("invoice:42", ttl=30, timeout=5) as lease:
+            await charge(invoice, fence=lease.fence)
+"""
+
+from ._backoff import Backoff as Backoff
+from ._coordinator import Coordinator as Coordinator
+from ._coordinator import connect as connect
+from ._errors import BackendError as BackendError
+from ._errors import LeadershipLost as LeadershipLost
+from ._errors import LockError as LockError
+from ._errors import LockLost as LockLost
+from ._errors import LockNotOwned as LockNotOwned
+from ._errors import LockTimeout as LockTimeout
+from ._errors import QuorumError as QuorumError
+from ._lock import Lease as Lease
+from ._lock import Lock as Lock
+from ._version import __version__ as __version__
+from .backends.base import LockInfo as LockInfo
+
+__all__ = (
+    "BackendError",
+    "Backoff",
+    "Coordinator",
+    "LeadershipLost",
+    "Lease",
+    "Lock",
+    "LockError",
+    "LockInfo",
+    "LockLost",
+    "LockNotOwned",
+    "LockTimeout",
+    "QuorumError",
+    "__version__",
+    "connect",
+)
+
+# Reprs and tracebacks name the public module, not the private one that defines them.
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("asynclock."):
+        _obj.__module__ = "asynclock"
+del _name, _obj

@@ -1,0 +1,258 @@
+"""``connect()`` and :class:`Coordinator`: the entry point that builds locks and owns the
+watchdog, the background clean-ups and the backend."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Coroutine, Sequence
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+from ._backoff import Backoff
+from ._errors import BackendError
+from ._lock import Lease, Lock
+from ._validate import check_name, check_timeout, check_ttl
+from ._watchdog import Watchdog
+from .backends.base import Backend, Claim, LockInfo
+from .backends.memory import MemoryBackend
+from .backends.redis import RedisBackend
+
+__all__ = ("Coordinator", "connect")
+
+logger = logging.getLogger("asynclock")
+
+_DEFAULT_RETRY = Backoff()
+_SCHEMES = ("memory", "redis", "rediss", "unix")
+# How long aclose() waits for releases and clean-ups still in flight.
+_CLOSE_TIMEOUT = 5.0
+
+
+def _default_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Coordinator:
+    """Locks on one backend, with one watchdog for all of their leases.
+
+    ``Coordinator(backend)`` wraps a backend built from clients the application owns
+    (they are not closed by :meth:`aclose`); :func:`connect` builds both from a URL.
+    ``identity`` names this coordinator in ``inspect()`` results (default
+    ``host:pid:random``). Use it as an async context manager, or call :meth:`aclose`.
+    """
+
+    def __init__(self, backend: Backend, *, identity: str | None = None) -> None:
+        if not isinstance(backend, Backend):
+            raise TypeError(
+                f"backend must be an asynclock.backends.Backend, got {type(backend).__name__}"
+            )
+        if identity is not None:
+            check_name(identity, "identity")
+        self._backend = backend
+        self.identity = identity or _default_identity()
+        self._held: dict[Lease, None] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._watchdog = Watchdog(backend, self._spawn)
+        self._closed = False
+
+    @property
+    def backend(self) -> Backend:
+        """The backend this coordinator's locks live on."""
+        return self._backend
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`aclose` was called."""
+        return self._closed
+
+    def lock(
+        self,
+        name: str,
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = None,
+        renew: bool = True,
+        cancel_on_lost: bool = True,
+        retry: Backoff | None = None,
+        shared: bool = False,
+    ) -> Lock:
+        """A lock on ``name``; use ``async with coord.lock(name) as lease:``.
+
+        - ``ttl``: lease length in seconds (finite, > 0); every lease has one.
+        - ``timeout``: ``None`` waits until acquired, ``0`` tries once, ``> 0`` waits at
+          most that long; then :class:`~asynclock.LockTimeout`.
+        - ``renew``: extend the lease every ``ttl/3`` while it is held.
+        - ``cancel_on_lost``: cancel the body when the lease is lost; ``async with`` then
+          raises :class:`~asynclock.LockLost`. With False the body runs on, ``lease.lost``
+          turns true and leaving the block raises ``LockLost``.
+        - ``retry``: the :class:`Backoff` between attempts when no wake-up comes.
+        - ``shared``: a shared (reader) lease, where the backend supports it.
+
+        Raises ``TypeError``/``ValueError`` at once for bad arguments.
+        """
+        check_name(name)
+        ttl = check_ttl(ttl)
+        timeout = check_timeout(timeout)
+        flags = (("renew", renew), ("cancel_on_lost", cancel_on_lost), ("shared", shared))
+        for flag, value in flags:
+            if not isinstance(value, bool):
+                raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
+        if retry is None:
+            retry = _DEFAULT_RETRY
+        elif not isinstance(retry, Backoff):
+            raise TypeError(f"retry must be an asynclock.Backoff, got {type(retry).__name__}")
+        if shared and not self._backend.supports_shared:
+            raise ValueError(
+                f"shared=True is not supported by {type(self._backend).__name__} "
+                "(supported: MemoryBackend, PostgreSQL)"
+            )
+        return Lock(
+            self,
+            name,
+            ttl=ttl,
+            timeout=timeout,
+            renew=renew,
+            cancel_on_lost=cancel_on_lost,
+            retry=retry,
+            shared=shared,
+        )
+
+    async def inspect(self, name: str) -> LockInfo | None:
+        """Who holds ``name`` now (owner identity, seconds left, fence), or None if free."""
+        check_name(name)
+        self._check_open()
+        return await self._backend.inspect(name)
+
+    async def is_locked(self, name: str) -> bool:
+        """True if someone holds ``name`` now."""
+        return await self.inspect(name) is not None
+
+    @property
+    def held(self) -> list[Lease]:
+        """The leases this coordinator holds now."""
+        return list(self._held)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Release every lease still held (their bodies are cancelled as on loss), stop
+        the watchdog, and close what :func:`connect` opened. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for lease in list(self._held):
+            lease._lose("the coordinator was closed")
+        self._watchdog.close()
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=_CLOSE_TIMEOUT)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        await self._backend.aclose()
+
+    async def __aenter__(self) -> Self:
+        self._check_open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"held={len(self._held)}"
+        return f"<Coordinator {self._backend.describe()} identity={self.identity!r} {state}>"
+
+    # -- for Lock, Lease and Watchdog --------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Coordinator is closed")
+
+    def _hold(self, lease: Lease) -> None:
+        self._held[lease] = None
+        self._watchdog.watch(lease)
+
+    def _forget(self, lease: Lease) -> None:
+        self._held.pop(lease, None)
+        self._watchdog.forget(lease)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
+        """Run a background task that aclose() waits for (bounded)."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _discard(self, claim: Claim, ttl: float) -> None:
+        """Delete ``claim``'s lock on the server in the background, if it still holds it.
+
+        Used after a cancelled or failed acquire (the grant may have landed), a failed
+        release and a loss. Retries with backoff until the server answers or ``ttl`` has
+        passed (by then the server dropped the lock itself).
+        """
+        self._spawn(self._discard_task(claim, ttl), name=f"asynclock-discard:{claim.name}")
+
+    async def _discard_task(self, claim: Claim, ttl: float) -> None:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + ttl
+        per_try = min(max(ttl / 4, 0.1), 2.0)
+        backoff = Backoff(initial=0.05, maximum=1.0)
+        for attempt in range(1_000_000):
+            try:
+                async with asyncio.timeout(per_try):
+                    await self._backend.release(claim)
+            except (BackendError, TimeoutError) as exc:
+                delay = backoff.delay(attempt)
+                if loop.time() + delay >= give_up:
+                    logger.info(
+                        "could not release %r on the server (%s); its TTL ends it", claim.name, exc
+                    )
+                    return
+                await asyncio.sleep(delay)
+            else:
+                return
+
+
+def connect(target: str | Sequence[str], **options: Any) -> Coordinator:
+    """A :class:`Coordinator` for a URL. No I/O happens until the first use.
+
+    ``memory://`` and ``memory://NAME`` (in-process; the same NAME shares one lock table),
+    ``redis://``, ``rediss://`` and ``unix://`` (one Redis/Valkey node). ``options``:
+    ``identity``; backend options (``prefix``, ``drift_factor``, ``drift_base``,
+    ``fence_retention``); for Redis, ``max_connections`` (default 64) and redis-py pool
+    options. The coordinator closes what it opened in :meth:`Coordinator.aclose`.
+
+    Raises ``TypeError`` for a non-string target or unknown options, ``ValueError`` for
+    an unsupported scheme.
+    """
+    if not isinstance(target, str):
+        raise TypeError(f"target must be a URL string, got {type(target).__name__}")
+    scheme = urlsplit(target).scheme.lower() if "://" in target else ""
+    if scheme not in _SCHEMES:
+        shown = f"scheme {scheme!r}" if scheme else "a URL without a scheme"
+        raise ValueError(
+            f"unsupported target: {shown} (accepted: {', '.join(s + '://' for s in _SCHEMES)})"
+        )
+    identity = options.pop("identity", None)
+    backend: Backend
+    if scheme == "memory":
+        allowed = {"drift_factor", "drift_base"}
+        unknown = set(options) - allowed
+        if unknown:
+            raise TypeError(
+                f"unknown option(s) for memory://: {', '.join(sorted(unknown))} "
+                f"(accepted: identity, {', '.join(sorted(allowed))})"
+            )
+        backend = MemoryBackend.shared(target.split("://", 1)[1], **options)
+    else:
+        backend = RedisBackend.from_url(target, **options)
+    return Coordinator(backend, identity=identity)

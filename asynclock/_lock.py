@@ -1,0 +1,413 @@
+"""Lock and Lease: waiting, deadlines, backoff, and the ``async with`` protocol.
+
+Everything here is backend-independent: a backend only makes single attempts
+(``asynclock.backends.base.Backend``); this module decides when to try again, how long to
+sleep, what to undo when a caller is cancelled, and how a lost lease reaches the body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import secrets
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from ._backoff import Backoff
+from ._errors import LockLost, LockNotOwned, LockTimeout
+from ._validate import check_ttl
+from .backends.base import Attempt, Claim
+
+if TYPE_CHECKING:
+    from ._coordinator import Coordinator
+
+__all__ = ("Lease", "Lock")
+
+logger = logging.getLogger("asynclock")
+
+# A waiter whose holder's lease is about to expire retries this long after the expiry,
+# so that its attempt does not land a hair before the server drops the key.
+_EXPIRY_MARGIN = 0.001
+
+
+class _State(enum.Enum):
+    HELD = "held"
+    LOST = "lost"
+    RELEASED = "released"
+
+
+_HELD = _State.HELD
+_LOST = _State.LOST
+_RELEASED = _State.RELEASED
+
+
+class Lease:
+    """One holder's hold on a lock, from grant to release or loss.
+
+    Attributes: ``name``, ``token`` (the random owner token this acquisition wrote),
+    ``fence`` (strictly greater than the fence of every earlier holder of the name: pass
+    it to the resource you protect), ``ttl``, ``expires_in`` (seconds of local validity
+    left), ``lost``. A lease is created by :meth:`Lock.acquire` or ``async with``.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_cancel_on_lost",
+        "_cancel_sent",
+        "_claim",
+        "_coord",
+        "_entry_cancelling",
+        "_failures",
+        "_in_body",
+        "_interval",
+        "_reason",
+        "_renew",
+        "_renewing",
+        "_retry",
+        "_seq",
+        "_state",
+        "_task",
+        "_valid_until",
+        "fence",
+        "ttl",
+    )
+
+    def __init__(
+        self,
+        coord: Coordinator,
+        claim: Claim,
+        fence: int,
+        ttl: float,
+        start: float,
+        *,
+        renew: bool,
+        cancel_on_lost: bool,
+        retry: Backoff,
+    ) -> None:
+        self._coord = coord
+        self._claim = claim
+        self.fence = fence
+        self.ttl = ttl
+        self._valid_until = start + ttl - coord.backend.drift(ttl)
+        self._interval = ttl / 3
+        self._renew = renew
+        self._cancel_on_lost = cancel_on_lost
+        self._retry = retry
+        self._state = _HELD
+        self._reason = ""
+        # Set by ``async with``: the task to cancel on loss, and its cancel count on entry.
+        self._task: asyncio.Task[object] | None = None
+        self._entry_cancelling = 0
+        self._in_body = False
+        self._cancel_sent = False
+        # Watchdog bookkeeping (asynclock._watchdog).
+        self._seq = -1
+        self._renewing = False
+        self._failures = 0
+
+    @property
+    def name(self) -> str:
+        """The lock's name."""
+        return self._claim.name
+
+    @property
+    def token(self) -> str:
+        """The random owner token of this acquisition (128 bits from ``secrets``)."""
+        return self._claim.token
+
+    @property
+    def expires_in(self) -> float:
+        """Seconds of local validity left (0 once lost or released)."""
+        if self._state is not _HELD:
+            return 0.0
+        return max(0.0, self._valid_until - self._coord.backend.clock.now())
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease was lost (refused renewal, or validity ran out)."""
+        return self._state is _LOST
+
+    @property
+    def held(self) -> bool:
+        """True while the lease is held: neither released nor lost."""
+        return self._state is _HELD
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """Reset the lease to ``ttl`` seconds (default: its current ``ttl``) from now.
+
+        Raises :class:`LockNotOwned` if the lease is no longer held (then it is lost, and
+        with ``cancel_on_lost`` the body of ``async with`` is cancelled), ``BackendError``
+        if the server could not be reached (the lease stays held; the watchdog retries).
+        """
+        new_ttl = self.ttl if ttl is None else check_ttl(ttl)
+        if self._state is not _HELD:
+            raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; cannot extend")
+        backend = self._coord.backend
+        start = backend.clock.now()
+        extended = await backend.extend(self._claim, new_ttl)
+        if self._state is not _HELD:
+            raise LockNotOwned(f"lease on {self.name!r} was {self._state.value} while extending")
+        if not extended:
+            self._lose("extend refused: the lock expired or has another holder")
+            raise LockNotOwned(f"lease on {self.name!r} is no longer held; not extended")
+        self.ttl = new_ttl
+        self._interval = new_ttl / 3
+        self._valid_until = start + new_ttl - backend.drift(new_ttl)
+        self._coord._watchdog.reschedule(self, start + self._interval)
+
+    async def release(self) -> None:
+        """Release the lock: delete it on the server if this lease still holds it.
+
+        Raises :class:`LockNotOwned` when the lease was already released or lost, or the
+        server says another holder (or nobody) has the lock; nothing is touched then.
+        If the call fails or is cancelled, the release goes on in the background until the
+        server confirms or the lease's TTL has run out, and the error is raised.
+        """
+        if self._state is not _HELD:
+            raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; not released")
+        if not await self._release():
+            raise LockNotOwned(f"lease on {self.name!r} was no longer held at release")
+
+    async def _release(self) -> bool:
+        """Release on the server; True if it confirmed, False if the lock was not ours."""
+        coord = self._coord
+        try:
+            released = await coord.backend.release(self._claim)
+        except BaseException:
+            self._end(_RELEASED)
+            coord._discard(self._claim, self.ttl)
+            raise
+        if released:
+            self._end(_RELEASED)
+        else:
+            self._end(_LOST, "the lock was no longer held at release")
+        return released
+
+    # -- state changes -----------------------------------------------------------------
+
+    def _end(self, state: _State, reason: str = "") -> bool:
+        """Leave the HELD state; False if it had already been left."""
+        if self._state is not _HELD:
+            return False
+        self._state = state
+        self._reason = reason
+        self._coord._forget(self)
+        return True
+
+    def _lose(self, reason: str) -> None:
+        """Mark the lease lost: stop renewing, cancel the body, clean up on the server."""
+        if not self._end(_LOST, reason):
+            return
+        logger.warning("lease on %r (fence %d) lost: %s", self.name, self.fence, reason)
+        task = self._task
+        if self._cancel_on_lost and self._in_body and task is not None and not task.done():
+            self._cancel_sent = True
+            task.cancel(f"asynclock: lease on {self.name!r} lost: {reason}")
+        # Whatever the server still has of ours goes now, not when its TTL runs out.
+        self._coord._discard(self._claim, self.ttl)
+
+    def __repr__(self) -> str:
+        held = self._state is _HELD
+        state = f"expires_in={self.expires_in:.1f}s" if held else self._state.value
+        return f"<Lease {self.name!r} fence={self.fence} {state}>"
+
+
+class Lock:
+    """A named lock with its options; made by :meth:`Coordinator.lock`.
+
+    Use ``async with lock as lease:`` (the body is cancelled if the lease is lost, and the
+    block raises :class:`LockLost`), or ``lease = await lock.acquire()`` and
+    ``await lease.release()``. One ``Lock`` can be used by many tasks; each acquisition
+    gets its own :class:`Lease`. Locks are not reentrant.
+    """
+
+    __slots__ = (
+        "_coord",
+        "_leases",
+        "cancel_on_lost",
+        "name",
+        "renew",
+        "retry",
+        "shared",
+        "timeout",
+        "ttl",
+    )
+
+    def __init__(
+        self,
+        coord: Coordinator,
+        name: str,
+        *,
+        ttl: float,
+        timeout: float | None,
+        renew: bool,
+        cancel_on_lost: bool,
+        retry: Backoff,
+        shared: bool,
+    ) -> None:
+        self._coord = coord
+        self.name = name
+        self.ttl = ttl
+        self.timeout = timeout
+        self.renew = renew
+        self.cancel_on_lost = cancel_on_lost
+        self.retry = retry
+        self.shared = shared
+        # The lease of each task inside ``async with`` (several when shared).
+        self._leases: dict[asyncio.Task[object] | None, Lease] = {}
+
+    async def acquire(self) -> Lease:
+        """Wait for the lock (up to ``timeout``) and return the :class:`Lease`.
+
+        Raises :class:`LockTimeout` when ``timeout`` runs out, ``BackendError`` at once
+        when the server cannot be reached. A lease from ``acquire()`` is renewed, and
+        marked ``lost`` on loss, but no task is cancelled: use ``async with`` for that.
+        If the caller is cancelled, whatever the server may already have granted is
+        released in the background.
+        """
+        coord = self._coord
+        coord._check_open()
+        backend = coord.backend
+        clock = backend.clock
+        claim = Claim(self.name, secrets.token_hex(16), coord.identity, self.shared)
+        timeout = self.timeout
+        deadline = None if timeout is None else clock.now() + timeout
+
+        start = clock.now()
+        attempt = await self._attempt(claim, deadline)
+        if attempt.fence is None:
+            if timeout == 0:
+                raise LockTimeout(f"lock {self.name!r} is held (timeout=0: tried once)")
+            attempt, start = await self._wait(claim, deadline, attempt)
+        if attempt.start is not None:
+            start = attempt.start
+        assert attempt.fence is not None
+        lease = Lease(
+            coord,
+            claim,
+            attempt.fence,
+            self.ttl,
+            start,
+            renew=self.renew,
+            cancel_on_lost=self.cancel_on_lost,
+            retry=self.retry,
+        )
+        coord._hold(lease)
+        return lease
+
+    async def _wait(
+        self, claim: Claim, deadline: float | None, attempt: Attempt
+    ) -> tuple[Attempt, float]:
+        """Sleep until woken, the holder's TTL ends or the backoff step passes; try again."""
+        backend = self._coord.backend
+        clock = backend.clock
+        retry = self.retry
+        # Subscribe first, then try: a release between the failed attempt and the sleep
+        # is recorded on the slot, never lost.
+        async with backend.waiter(self.name) as slot:
+            tries = 0
+            while True:
+                start = clock.now()
+                attempt = await self._attempt(claim, deadline)
+                if attempt.fence is not None:
+                    return attempt, start
+                now = clock.now()
+                if deadline is not None and now >= deadline:
+                    raise LockTimeout(f"lock {self.name!r} not acquired within {self.timeout:g}s")
+                pause = retry.delay(tries)
+                tries += 1
+                if attempt.retry_after is not None:
+                    pause = min(pause, attempt.retry_after + _EXPIRY_MARGIN)
+                until = now + pause if deadline is None else min(now + pause, deadline)
+                await slot.wait(clock, until)
+
+    async def _attempt(self, claim: Claim, deadline: float | None) -> Attempt:
+        """One ``try_acquire``, bounded by the caller's deadline, undone if interrupted."""
+        backend = self._coord.backend
+        try:
+            if deadline is None or self.timeout == 0:
+                return await backend.try_acquire(claim, self.ttl, wait=self.timeout)
+            remaining = deadline - backend.clock.now()
+            try:
+                async with asyncio.timeout(max(remaining, 0.0)):
+                    return await backend.try_acquire(claim, self.ttl, wait=remaining)
+            except TimeoutError as exc:
+                raise LockTimeout(
+                    f"lock {self.name!r} not acquired within {self.timeout:g}s "
+                    f"({backend.describe()} did not answer in time)"
+                ) from exc
+        except BaseException:
+            # The server may have granted the lock before we stopped listening (cancelled,
+            # timed out, connection reset after the request left): take it back.
+            self._coord._discard(claim, self.ttl)
+            raise
+
+    # -- async with --------------------------------------------------------------------
+
+    async def __aenter__(self) -> Lease:
+        task = asyncio.current_task()
+        if task in self._leases:
+            raise RuntimeError(f"lock {self.name!r} is already held by this task (not reentrant)")
+        lease = await self.acquire()
+        # From here to the body there is no await: the watchdog cannot interleave.
+        lease._task = task
+        lease._entry_cancelling = task.cancelling() if task is not None else 0
+        lease._in_body = True
+        self._leases[task] = lease
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        task = asyncio.current_task()
+        lease = self._leases.pop(task, None)
+        if lease is None:
+            raise RuntimeError(f"lock {self.name!r} was not entered by this task")
+        lease._in_body = False
+        if lease._state is _HELD:
+            await lease._release()
+        if lease._state is not _LOST:
+            return False
+        await self._deliver_loss(lease, task, exc)
+        return False  # an outside cancel propagates
+
+    async def _deliver_loss(
+        self, lease: Lease, task: asyncio.Task[object] | None, exc: BaseException | None
+    ) -> None:
+        """Raise :class:`LockLost` for a lost lease, unless an outside cancel must win.
+
+        The ``asyncio.timeout`` pattern: our cancel is ours only if ``uncancel()`` brings
+        the task back to the count it had on entry.
+        """
+        error = LockLost(f"lease on {self.name!r} (fence {lease.fence}) lost: {lease._reason}")
+        cancelled = isinstance(exc, asyncio.CancelledError)
+        if not lease._cancel_sent or task is None:
+            if cancelled:
+                return  # an outside cancel: let it propagate
+            raise error from exc
+        if task.uncancel() > lease._entry_cancelling:
+            if cancelled:
+                return  # cancelled from outside as well: the outside cancel wins
+            raise error from exc
+        if not cancelled:
+            # Our cancel did not surface as the body's exception: the body swallowed it, or
+            # it is still pending (the loss was noticed inside this task). On 3.11/3.12
+            # uncancel() leaves a pending cancel in place; let it fire here, not in the
+            # caller's next await.
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError as pending:
+                if task.cancelling() > lease._entry_cancelling:
+                    raise  # a new cancel from outside arrived meanwhile
+                exc = exc or pending
+        raise error from exc
+
+    def __repr__(self) -> str:
+        return (
+            f"<Lock {self.name!r} ttl={self.ttl:g} timeout={self.timeout!r} "
+            f"held_by_tasks={len(self._leases)}>"
+        )

@@ -1,0 +1,174 @@
+"""One renewal scheduler per coordinator, for all of its held leases.
+
+A heap orders leases by the time of their next action: a renewal (every ``ttl/3``), a
+retry after a failed renewal, or the end of local validity. A single timer on the clock
+fires at the earliest entry; leases due within a short window are renewed together with
+one ``extend_many`` call (one request per node), in one task per batch, so ten thousand
+held leases cost one timer and a few short tasks, not ten thousand tasks.
+
+A renewal refused by the server loses the lease at once. A renewal that fails (network,
+timeout) is retried with the lease's backoff until its local validity ends; the validity
+deadline is itself a heap entry, so a renewal that hangs on a frozen server cannot keep
+a lease alive past it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ._clock import Timer
+from .backends.base import Backend
+
+if TYPE_CHECKING:
+    from ._lock import Lease
+
+__all__ = ("Watchdog",)
+
+logger = logging.getLogger("asynclock")
+
+# Renewals due within this window of the earliest one go out in the same batch.
+_COALESCE = 0.02
+# Rebuild the heap when it holds this many times more entries than live leases.
+_COMPACT_FACTOR = 3
+_COMPACT_MIN = 1024
+
+
+class Watchdog:
+    """Schedules renewals and validity deadlines for a coordinator's leases.
+
+    Each watched lease has exactly one current heap entry, identified by ``lease._seq``;
+    older entries of the lease are stale and skipped when popped.
+    """
+
+    def __init__(self, backend: Backend, spawn: Callable[..., asyncio.Task[None]]) -> None:
+        self._backend = backend
+        self._clock = backend.clock
+        self._spawn = spawn
+        self._heap: list[tuple[float, int, Lease]] = []
+        self._seq = itertools.count()
+        self._timer: Timer | None = None
+        self._timer_at = float("inf")
+        self._live = 0
+        self._firing = False
+        self.renewals = 0
+        self.batches = 0
+
+    def __len__(self) -> int:
+        """Leases being watched."""
+        return self._live
+
+    def watch(self, lease: Lease) -> None:
+        """Start watching a newly granted lease."""
+        self._live += 1
+        if lease._renew:
+            self._push(lease, self._clock.now() + lease._interval)
+        else:
+            self._push(lease, lease._valid_until)
+
+    def reschedule(self, lease: Lease, when: float) -> None:
+        """Replace the lease's next action (after a manual extend)."""
+        self._push(lease, when if lease._renew else lease._valid_until)
+
+    def forget(self, lease: Lease) -> None:
+        """The lease left the HELD state: drop it from the schedule."""
+        if lease._seq < 0:
+            return
+        lease._seq = -1
+        self._live -= 1
+        heap = self._heap
+        if not self._firing and len(heap) > max(_COMPACT_MIN, _COMPACT_FACTOR * self._live):
+            # Released leases leave entries behind; drop them before they pile up.
+            heap[:] = [entry for entry in heap if entry[2]._seq == entry[1]]
+            heapq.heapify(heap)
+
+    def close(self) -> None:
+        """Stop the timer; leases still held are the coordinator's to end."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = float("inf")
+
+    # -- the schedule ----------------------------------------------------------------
+
+    def _push(self, lease: Lease, when: float) -> None:
+        seq = lease._seq = next(self._seq)
+        heapq.heappush(self._heap, (when, seq, lease))
+        if when < self._timer_at:
+            self._arm(when)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._clock.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        now = self._clock.now()
+        heap = self._heap
+        batch: list[Lease] = []
+        deferred: list[tuple[float, int, Lease]] = []
+        self._firing = True
+        try:
+            while heap and heap[0][0] <= now + _COALESCE:
+                entry = heapq.heappop(heap)
+                lease = entry[2]
+                if lease._seq != entry[1]:
+                    continue  # stale
+                if now >= lease._valid_until:
+                    lease._lose("not renewed before its local validity ran out")
+                elif lease._renew and not lease._renewing:
+                    batch.append(lease)
+                else:
+                    deferred.append(entry)  # a validity deadline, not due yet
+        finally:
+            self._firing = False
+        for entry in deferred:
+            heapq.heappush(heap, entry)
+        if batch:
+            self._send(batch, now)
+        if heap and heap[0][0] < self._timer_at:
+            self._arm(heap[0][0])
+
+    def _send(self, batch: list[Lease], now: float) -> None:
+        for lease in batch:
+            lease._renewing = True
+            # If the renewal hangs, the lease is lost at the end of its validity.
+            self._push(lease, lease._valid_until)
+        self.batches += 1
+        last = max(lease._valid_until for lease in batch)
+        self._spawn(self._renew(batch, now, last - now), name="asynclock-renew")
+
+    async def _renew(self, batch: list[Lease], start: float, bound: float) -> None:
+        backend = self._backend
+        results: list[bool | None]
+        try:
+            async with asyncio.timeout(max(bound, 0.0)):
+                results = await backend.extend_many([(lease._claim, lease.ttl) for lease in batch])
+        except TimeoutError:
+            results = [None] * len(batch)
+        except Exception:
+            logger.exception("renewal of %d leases failed unexpectedly", len(batch))
+            results = [None] * len(batch)
+        now = self._clock.now()
+        for lease, extended in zip(batch, results, strict=True):
+            lease._renewing = False
+            if lease._seq < 0:
+                continue  # released or lost meanwhile
+            if extended:
+                self.renewals += 1
+                lease._failures = 0
+                lease._valid_until = start + lease.ttl - backend.drift(lease.ttl)
+                self._push(lease, start + lease._interval)
+            elif extended is False:
+                lease._lose("renewal refused: the lock expired or has another holder")
+            else:
+                delay = lease._retry.delay(lease._failures)
+                lease._failures += 1
+                self._push(lease, min(now + delay, lease._valid_until))

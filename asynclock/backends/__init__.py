@@ -1,0 +1,10 @@
+"""Backends: where locks live. ``Backend`` is the interface a new backend implements."""
+
+from .base import Attempt as Attempt
+from .base import Backend as Backend
+from .base import Claim as Claim
+from .base import LockInfo as LockInfo
+from .memory import MemoryBackend as MemoryBackend
+from .redis import RedisBackend as RedisBackend
+
+__all__ = ("Attempt", "Backend", "Claim", "LockInfo", "MemoryBackend", "RedisBackend")

@@ -1,0 +1,184 @@
+"""The backend interface: one atomic attempt per method, no loops.
+
+Waiting, retries, deadlines, the watchdog, lease-loss delivery and cancellation live once,
+above the backends, in ``asynclock._lock`` and ``asynclock._watchdog``. A backend only
+answers single questions ("take it if free", "extend it if still mine", "delete it if
+still mine") atomically, and offers a wake-up source for waiters. A new backend is one
+file that subclasses :class:`Backend`.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .._clock import Clock, LoopClock
+from .._errors import BackendError
+from .._validate import check_number
+from .._wakeup import WakeSlot
+
+__all__ = ("Attempt", "Backend", "Claim", "LockInfo", "owner_of")
+
+#: Owner tokens are ``secrets.token_hex(16)``: 128 random bits, 32 hex characters.
+TOKEN_CHARS = 32
+
+
+class Claim:
+    """One acquisition's identity, as the backend sees it.
+
+    ``value`` is what the server stores for the holder: the lease's random owner token,
+    a colon, and the coordinator's identity (so ``inspect`` can say who holds a lock
+    without revealing a token that is only ever compared, never shown). ``handle`` is
+    the backend's own per-lease state (cached key names, a pinned connection).
+    """
+
+    __slots__ = ("handle", "name", "shared", "token", "value")
+
+    def __init__(self, name: str, token: str, owner: str, shared: bool) -> None:
+        self.name = name
+        self.token = token
+        self.value = f"{token}:{owner}"
+        self.shared = shared
+        self.handle: Any = None
+
+    def __repr__(self) -> str:
+        return f"<Claim {self.name!r} shared={self.shared}>"
+
+
+def owner_of(value: str) -> str:
+    """The identity part of a stored ``token:identity`` value (the whole value if foreign)."""
+    token, sep, owner = value.partition(":")
+    return owner if sep and len(token) == TOKEN_CHARS else value
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """The answer to one ``try_acquire``.
+
+    ``fence`` is set when the lock was granted. Otherwise ``retry_after`` (seconds) is how
+    long the current holder's lease has left, when the backend knows it: a waiter need not
+    sleep longer than that, since an expiring lease publishes no wake-up. ``start`` is set
+    by backends that may hold the request in a server-side queue: the moment (on the
+    backend's clock) from which the lease's local validity counts.
+    """
+
+    fence: int | None
+    retry_after: float | None = None
+    start: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LockInfo:
+    """What ``coord.inspect(name)`` reports about a held lock.
+
+    ``owner`` is the holder's coordinator identity (``host:pid:random`` unless set),
+    ``expires_in`` the seconds the server will keep the lease without renewal (``inf`` if
+    the backend has no server-side expiry), ``fence`` the holder's fencing token.
+    """
+
+    name: str
+    owner: str
+    expires_in: float
+    fence: int
+
+
+class Backend(abc.ABC):
+    """Base class of every backend.
+
+    Subclasses implement the abstract methods as single atomic operations and translate
+    their driver's errors into :class:`~asynclock.BackendError`. Arguments:
+
+    - ``clock``: the monotonic clock leases and deadlines are measured on (default: the
+      event loop's).
+    - ``drift_factor`` / ``drift_base``: a lease is believed valid for
+      ``ttl - (ttl * drift_factor + drift_base)`` seconds after the acquire request was
+      sent, so the client always gives up before the server does.
+    """
+
+    #: True when ``try_acquire(wait=...)`` can wait in the server's own lock queue.
+    native_wait: ClassVar[bool] = False
+    #: True when ``shared=True`` (reader) leases are supported.
+    supports_shared: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        drift_factor: float = 0.01,
+        drift_base: float = 0.002,
+    ) -> None:
+        self.clock: Clock = clock if clock is not None else LoopClock()
+        self.drift_factor = check_number("drift_factor", drift_factor)
+        self.drift_base = check_number("drift_base", drift_base)
+        if self.drift_factor >= 0.5:
+            raise ValueError(f"drift_factor must be < 0.5, got {drift_factor!r}")
+
+    def drift(self, ttl: float) -> float:
+        """Seconds a lease of ``ttl`` is cut short locally, for clock drift and latency."""
+        return ttl * self.drift_factor + self.drift_base
+
+    @abc.abstractmethod
+    async def try_acquire(self, claim: Claim, ttl: float, *, wait: float | None = 0.0) -> Attempt:
+        """Take ``claim.name`` for ``ttl`` seconds if it is free; one atomic attempt.
+
+        On success the fence is strictly greater than any earlier grant of the name.
+        ``wait`` only matters to backends with :attr:`native_wait`: how long the request
+        may wait in the server's queue (None: without bound). The backend may set
+        ``claim.handle`` for its later calls about this claim.
+        """
+
+    @abc.abstractmethod
+    async def extend(self, claim: Claim, ttl: float) -> bool:
+        """Reset the claim's server-side expiry to ``ttl`` if it is still held by it.
+
+        Returns False, and changes nothing, when the lock expired or has another holder:
+        an extend never revives a lock.
+        """
+
+    async def extend_many(self, items: Sequence[tuple[Claim, float]]) -> list[bool | None]:
+        """Extend several claims at once, as the watchdog does for leases due together.
+
+        Per item: True extended, False refused (no longer held), None unknown (a backend
+        error; the caller retries). Backends override this to send one request per node.
+        """
+
+        async def one(claim: Claim, ttl: float) -> bool | None:
+            try:
+                return await self.extend(claim, ttl)
+            except BackendError:
+                return None
+
+        return list(await asyncio.gather(*(one(c, t) for c, t in items)))
+
+    @abc.abstractmethod
+    async def release(self, claim: Claim) -> bool:
+        """Delete the claim's lock if it still holds it and wake a waiter.
+
+        Returns False, touching nothing, when the claim no longer holds the lock.
+        """
+
+    @abc.abstractmethod
+    async def inspect(self, name: str) -> LockInfo | None:
+        """The current holder of ``name``, or None if it is free."""
+
+    @abc.abstractmethod
+    def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
+        """A wake-up slot for a task about to wait for ``name``.
+
+        Entering registers (and, where it takes I/O, subscribes) *before* the caller's next
+        attempt, so a release after that attempt is never missed; leaving unregisters.
+        """
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+        """Close what the backend opened itself; clients passed in stay open."""
+
+    def describe(self) -> str:
+        """A short, password-free description for reprs, logs and errors."""
+        return type(self).__name__
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()}>"

@@ -1,0 +1,174 @@
+"""In-process backend: a lock table in this process's memory.
+
+It behaves like the server backends (TTLs, fences, wake-ups, loss) and runs on an
+injectable clock, so it suits tests, single-process applications and the embedded
+default. Coordinators made by ``connect("memory://NAME")`` in one process share the table
+of that NAME; ``MemoryBackend()`` has a table of its own.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from .._clock import Clock
+from .._wakeup import WakeHub, WakeSlot
+from .base import Attempt, Backend, Claim, LockInfo, owner_of
+
+__all__ = ("MemoryBackend",)
+
+
+class _Holder:
+    __slots__ = ("expires_at", "fence")
+
+    def __init__(self, expires_at: float, fence: int) -> None:
+        self.expires_at = expires_at
+        self.fence = fence
+
+
+class _Table:
+    """Holders per name (several when shared), fences per name, and the waiters' hub."""
+
+    __slots__ = ("__weakref__", "exclusive", "fences", "holders", "hub")
+
+    def __init__(self) -> None:
+        self.holders: dict[str, dict[str, _Holder]] = {}
+        self.exclusive: dict[str, bool] = {}
+        self.fences: dict[str, int] = {}
+        self.hub = WakeHub()
+
+    def live(self, name: str, now: float) -> dict[str, _Holder] | None:
+        """The unexpired holders of ``name`` (expired ones are dropped), or None if free."""
+        holders = self.holders.get(name)
+        if holders is None:
+            return None
+        for value in [v for v, h in holders.items() if h.expires_at <= now]:
+            del holders[value]
+        if not holders:
+            del self.holders[name]
+            del self.exclusive[name]
+            return None
+        return holders
+
+
+# Tables shared by name between coordinators of this process; a table lives as long as a
+# backend uses it.
+_shared_tables: weakref.WeakValueDictionary[str, _Table] = weakref.WeakValueDictionary()
+
+
+class MemoryBackend(Backend):
+    """Locks in this process's memory.
+
+    ``MemoryBackend()`` is isolated; ``MemoryBackend.shared("NAME")`` (what
+    ``connect("memory://NAME")`` uses) shares one table with every other backend of that
+    name in the process. ``clock`` drives expiry; pass the same clock to several backends
+    that share a table.
+    """
+
+    supports_shared = True
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        drift_factor: float = 0.01,
+        drift_base: float = 0.002,
+    ) -> None:
+        super().__init__(clock=clock, drift_factor=drift_factor, drift_base=drift_base)
+        self._table = _Table()
+        self._label = "memory"
+
+    @classmethod
+    def shared(
+        cls,
+        name: str = "",
+        *,
+        drift_factor: float = 0.01,
+        drift_base: float = 0.002,
+    ) -> MemoryBackend:
+        """A backend on the process-wide table called ``name``."""
+        backend = cls(drift_factor=drift_factor, drift_base=drift_base)
+        table = _shared_tables.get(name)
+        if table is None:
+            table = _shared_tables[name] = backend._table
+        backend._table = table
+        backend._label = f"memory://{name}"
+        return backend
+
+    async def try_acquire(self, claim: Claim, ttl: float, *, wait: float | None = 0.0) -> Attempt:
+        table = self._table
+        name = claim.name
+        now = self.clock.now()
+        holders = table.live(name, now)
+        if holders is not None and not (claim.shared and not table.exclusive[name]):
+            return Attempt(None, max(h.expires_at for h in holders.values()) - now)
+        fence = table.fences[name] = table.fences.get(name, 0) + 1
+        if holders is None:
+            holders = table.holders[name] = {}
+            table.exclusive[name] = not claim.shared
+        holders[claim.value] = _Holder(now + ttl, fence)
+        if claim.shared:
+            # Let the next waiter see whether it can share too.
+            table.hub.notify_one(name)
+        return Attempt(fence)
+
+    async def extend(self, claim: Claim, ttl: float) -> bool:
+        now = self.clock.now()
+        holders = self._table.live(claim.name, now)
+        holder = None if holders is None else holders.get(claim.value)
+        if holder is None:
+            return False
+        holder.expires_at = now + ttl
+        return True
+
+    async def extend_many(self, items: Sequence[tuple[Claim, float]]) -> list[bool | None]:
+        return [await self.extend(claim, ttl) for claim, ttl in items]
+
+    async def release(self, claim: Claim) -> bool:
+        table = self._table
+        holders = table.live(claim.name, self.clock.now())
+        if holders is None or holders.pop(claim.value, None) is None:
+            return False
+        if not holders:
+            del table.holders[claim.name]
+            del table.exclusive[claim.name]
+            table.hub.notify_one(claim.name)
+        return True
+
+    async def inspect(self, name: str) -> LockInfo | None:
+        now = self.clock.now()
+        holders = self._table.live(name, now)
+        if holders is None:
+            return None
+        value, holder = max(holders.items(), key=lambda item: item[1].fence)
+        return LockInfo(name, owner_of(value), holder.expires_at - now, holder.fence)
+
+    def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
+        return self._waiter(name)
+
+    @asynccontextmanager
+    async def _waiter(self, name: str) -> AsyncIterator[WakeSlot]:
+        hub = self._table.hub
+        slot = hub.register(name)
+        try:
+            yield slot
+        finally:
+            hub.unregister(slot)
+
+    def drop(self, name: str) -> bool:
+        """Delete ``name``'s lock as if it had expired, without waking anyone.
+
+        For tests that need a holder to lose its lock behind its back (the memory
+        equivalent of ``DEL`` on a Redis key). True if something was held.
+        """
+        table = self._table
+        table.exclusive.pop(name, None)
+        return table.holders.pop(name, None) is not None
+
+    def waiting(self, name: str | None = None) -> int:
+        """Tasks waiting on this backend's table (for ``name``, or all)."""
+        return self._table.hub.waiting(name)
+
+    def describe(self) -> str:
+        return f"MemoryBackend {self._label}"
