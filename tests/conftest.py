@@ -1,0 +1,81 @@
+"""Shared fixtures: coordinators on every backend, against real servers.
+
+``make_coord()`` builds coordinators that share one lock namespace but nothing else: on
+Redis each has its own connection pool and a key prefix unique to the test, on memory each
+has its own backend over one table unique to the test.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+import asynclock
+from asynclock.backends import MemoryBackend, RedisBackend
+
+BACKENDS = ("memory", "redis")
+
+MakeCoord = Callable[..., asynclock.Coordinator]
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A name unique to this test, used as key prefix or memory table."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def make_coord(
+    request: pytest.FixtureRequest, backend_kind: str, namespace: str
+) -> AsyncIterator[MakeCoord]:
+    """A factory of coordinators on the backend under test, all closed at the end."""
+    made: list[asynclock.Coordinator] = []
+    url = ""
+    if backend_kind == "redis":
+        url = request.getfixturevalue("asynclock_redis_url")
+
+    def make(**options: Any) -> asynclock.Coordinator:
+        if backend_kind == "memory":
+            coord = asynclock.connect(f"memory://{namespace}", **options)
+        else:
+            coord = asynclock.connect(url, prefix=namespace, **options)
+        made.append(coord)
+        return coord
+
+    yield make
+    for coord in made:
+        await coord.aclose()
+
+
+@pytest.fixture
+async def coord(make_coord: MakeCoord) -> asynclock.Coordinator:
+    return make_coord()
+
+
+@pytest.fixture
+async def redis_coord(
+    asynclock_redis_url: str, namespace: str
+) -> AsyncIterator[asynclock.Coordinator]:
+    """A coordinator on the shared Valkey server with a prefix unique to the test."""
+    async with asynclock.connect(asynclock_redis_url, prefix=namespace) as coord:
+        yield coord
+
+
+def redis_backend(coord: asynclock.Coordinator) -> RedisBackend:
+    backend = coord.backend
+    assert isinstance(backend, RedisBackend)
+    return backend
+
+
+def memory_backend(coord: asynclock.Coordinator) -> MemoryBackend:
+    backend = coord.backend
+    assert isinstance(backend, MemoryBackend)
+    return backend

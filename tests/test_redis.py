@@ -1,0 +1,334 @@
+"""The Redis backend on real Valkey processes: faults, scripts, pub/sub, scale."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+import asynclock
+from asynclock import BackendError, Backoff, LockLost, LockTimeout
+from asynclock.backends import RedisBackend
+from asynclock.testing import ValkeyFactory, ValkeyServer
+
+from .conftest import redis_backend
+
+
+@pytest.fixture
+async def raw(asynclock_redis_url: str) -> AsyncIterator[Redis]:
+    """A plain client on the shared server, to look behind the library's back."""
+    client = Redis.from_url(asynclock_redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def private(asynclock_valkey_factory: ValkeyFactory) -> ValkeyServer:
+    """A Valkey process of this test's own, free to freeze, kill and restart."""
+    return asynclock_valkey_factory(1)[0]
+
+
+async def namespace_keys(raw: Redis, namespace: str) -> list[bytes]:
+    return [key async for key in raw.scan_iter(match=f"{namespace}:*")]
+
+
+class TestLossBehindTheHoldersBack:
+    @pytest.mark.parametrize("how", ["deleted", "overwritten"])
+    async def test_tampered_key_cancels_within_a_renewal_period(
+        self, redis_coord: asynclock.Coordinator, raw: Redis, namespace: str, how: str
+    ) -> None:
+        """A lock key deleted or overwritten by someone else: the body is cancelled within
+        ttl/3 plus a round trip, and ``async with`` raises LockLost."""
+        ttl = 0.9
+        tampered_at = 0.0
+        with pytest.raises(LockLost) as caught:
+            async with redis_coord.lock("victim", ttl=ttl):
+                key = f"{namespace}:{{victim}}"
+                if how == "deleted":
+                    await raw.delete(key)
+                else:
+                    await raw.set(key, "someone-else", px=30_000)
+                tampered_at = time.monotonic()
+                await asyncio.sleep(30)
+        elapsed = time.monotonic() - tampered_at
+        assert elapsed < ttl / 3 + 0.1
+        assert isinstance(caught.value.__cause__, asyncio.CancelledError)
+        if how == "overwritten":
+            # Nobody's lease but ours was touched: the other value is still there.
+            assert await raw.get(f"{namespace}:{{victim}}") == b"someone-else"
+
+
+class TestFrozenServer:
+    async def test_sigstop_cancels_before_the_server_ttl(self, private: ValkeyServer) -> None:
+        """With the server frozen, the body is cancelled before the server-side TTL could
+        have run out; after SIGCONT our stale renewals touch no one else's lock."""
+        ttl = 1.5
+        async with (
+            asynclock.connect(private.url, prefix="frz", socket_timeout=30) as holder,
+            asynclock.connect(private.url, prefix="frz") as other,
+        ):
+            cancelled_after = math.inf
+            acquired_at = time.monotonic()
+            with pytest.raises(LockLost):
+                async with holder.lock("frozen", ttl=ttl) as lease:
+                    acquired_at = time.monotonic()
+                    private.freeze()
+                    try:
+                        await asyncio.sleep(30)
+                    finally:
+                        cancelled_after = time.monotonic() - acquired_at
+            assert lease.lost
+            assert cancelled_after < ttl  # the server would hold it for the full ttl
+            await asyncio.sleep(ttl)  # past the server-side TTL, still frozen
+            private.resume()
+            newcomer = await other.lock("frozen", ttl=10, renew=False, timeout=5).acquire()
+            assert newcomer.fence > lease.fence
+            await asyncio.sleep(1.0)  # time for any stale renewal or clean-up to land
+            info = await other.inspect("frozen")
+            assert info is not None
+            assert info.fence == newcomer.fence  # still the newcomer's lock
+            assert info.expires_in < 9.1  # not extended by anyone since it was taken
+            await newcomer.release()
+
+    async def test_frozen_server_times_out_a_bounded_acquire(self, private: ValkeyServer) -> None:
+        """A frozen server with timeout=0.5: LockTimeout after about 0.5 s, no hang."""
+        async with asynclock.connect(private.url) as coord:
+            assert not await coord.is_locked("x")  # connections are open before the freeze
+            private.freeze()
+            started = time.monotonic()
+            with pytest.raises(LockTimeout):
+                await coord.lock("x", timeout=0.5).acquire()
+            assert time.monotonic() - started < 1.5
+            private.resume()
+
+    async def test_unreachable_server_is_backend_error_at_once(self) -> None:
+        """Nothing listening: BackendError at once even with timeout=None."""
+        async with asynclock.connect("redis://127.0.0.1:1/0") as coord:
+            started = time.monotonic()
+            with pytest.raises(BackendError) as caught:
+                await coord.lock("x").acquire()
+            assert time.monotonic() - started < 2.0
+            assert caught.value.__cause__ is not None
+
+
+class TestScripts:
+    async def test_script_flush_mid_run(
+        self, redis_coord: asynclock.Coordinator, raw: Redis
+    ) -> None:
+        """SCRIPT FLUSH while locks are taken, renewed and released: everything goes on."""
+        held = await redis_coord.lock("renewed", ttl=0.6).acquire()
+        done = 0
+        for i in range(200):
+            if i % 20 == 0:
+                await raw.script_flush()
+            async with redis_coord.lock(f"flush:{i % 7}", ttl=5):
+                done += 1
+        await raw.script_flush()
+        await asyncio.sleep(0.5)  # a renewal after the flush reloads the script
+        assert done == 200
+        assert held.held
+        info = await redis_coord.inspect("renewed")
+        assert info is not None
+        assert info.fence == held.fence
+        await held.release()
+
+    async def test_fences_survive_a_restart_empty(self, private: ValkeyServer) -> None:
+        """After the server restarts with no data, fences still grow (server clock, µs)."""
+        async with asynclock.connect(private.url) as coord:
+            async with coord.lock("f") as before:
+                pass
+            private.restart()
+            # The pool's old connections are dead: the first command may fail once.
+            for _ in range(20):
+                try:
+                    async with coord.lock("f") as after:
+                        pass
+                    break
+                except BackendError:
+                    await asyncio.sleep(0.05)
+            assert after.fence > before.fence
+
+
+class TestPubSub:
+    async def test_one_pubsub_connection_per_coordinator(
+        self, redis_coord: asynclock.Coordinator, raw: Redis, namespace: str
+    ) -> None:
+        """40 waiters on 4 names share one pub/sub connection and leave no subscription."""
+        holders = [await redis_coord.lock(f"ps:{i}", ttl=10).acquire() for i in range(4)]
+
+        async def wait_and_release(i: int) -> None:
+            async with redis_coord.lock(f"ps:{i % 4}", ttl=10):
+                await asyncio.sleep(0)
+
+        waiters = [asyncio.create_task(wait_and_release(i)) for i in range(40)]
+        await asyncio.sleep(0.3)
+        clients = await raw.client_list()
+        pubsub_conns = [c for c in clients if "P" in c["flags"]]
+        assert len(pubsub_conns) == 1
+        channels = sorted(redis_backend(redis_coord).subscribed())
+        assert channels == sorted(f"{namespace}:{{ps:{i}}}:wake" for i in range(4))
+        for lease in holders:
+            await lease.release()
+        await asyncio.wait_for(asyncio.gather(*waiters), 10)
+        await asyncio.sleep(0.1)
+        numsub = await raw.pubsub_numsub(*(f"{namespace}:{{ps:{i}}}:wake" for i in range(4)))
+        assert all(count == 0 for _, count in numsub)
+        assert redis_backend(redis_coord).subscribed() == []
+
+    async def test_cancelled_waiter_unsubscribes(
+        self, redis_coord: asynclock.Coordinator, raw: Redis, namespace: str
+    ) -> None:
+        """A cancelled waiter leaves no subscription and no task of its own."""
+        holder = await redis_coord.lock("cw", ttl=10).acquire()
+        waiter = asyncio.create_task(redis_coord.lock("cw", ttl=10).acquire())
+        await asyncio.sleep(0.2)
+        channel = f"{namespace}:{{cw}}:wake"
+        assert (await raw.pubsub_numsub(channel))[0][1] == 1
+        tasks_while_waiting = len(asyncio.all_tasks())
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        for _ in range(50):
+            if (await raw.pubsub_numsub(channel))[0][1] == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert (await raw.pubsub_numsub(channel))[0][1] == 0
+        assert redis_backend(redis_coord).waiting() == 0
+        assert len(asyncio.all_tasks()) == tasks_while_waiting - 1
+        await holder.release()
+
+    async def test_waiters_recover_from_a_killed_pubsub_connection(
+        self, redis_coord: asynclock.Coordinator, raw: Redis
+    ) -> None:
+        """If the pub/sub connection is killed, waiters still get the lock promptly."""
+        holder = await redis_coord.lock("pk", ttl=10).acquire()
+        slow = Backoff(initial=5.0, maximum=10.0)
+        waiter = asyncio.create_task(redis_coord.lock("pk", ttl=10, retry=slow).acquire())
+        await asyncio.sleep(0.2)
+        assert await raw.client_kill_filter(_type="pubsub") >= 1
+        await asyncio.sleep(0.5)  # reconnected and subscribed again
+        released_at = time.monotonic()
+        await holder.release()
+        lease = await asyncio.wait_for(waiter, 5)
+        assert time.monotonic() - released_at < 0.5
+        await lease.release()
+
+
+class TestManyLeases:
+    @pytest.mark.timeout(90)
+    async def test_ten_thousand_leases_one_scheduler(
+        self, redis_coord: asynclock.Coordinator, raw: Redis, namespace: str
+    ) -> None:
+        """10,000 leases held by one coordinator are renewed by one scheduler (a timer and
+        a few short batch tasks, not a task per lease) and all stay held for three
+        renewal periods."""
+        ttl = 3.0
+        semaphore = asyncio.Semaphore(64)
+
+        async def take(i: int) -> asynclock.Lease:
+            async with semaphore:
+                return await redis_coord.lock(f"many:{i}", ttl=ttl).acquire()
+
+        leases = await asyncio.gather(*(take(i) for i in range(10_000)))
+        watchdog = redis_coord._watchdog
+        renewals_before = watchdog.renewals
+        most_tasks = 0
+        deadline = time.monotonic() + 3 * ttl / 3 + 0.5
+        while time.monotonic() < deadline:
+            most_tasks = max(most_tasks, len(asyncio.all_tasks()))
+            await asyncio.sleep(0.05)
+        assert all(lease.held for lease in leases)
+        assert watchdog.renewals - renewals_before >= 3 * 10_000
+        assert most_tasks < 10  # the test itself, the pub/sub reader, a renewal batch or two
+        keys = await namespace_keys(raw, namespace)
+        lock_keys = [k for k in keys if not k.endswith(b":fence")]
+        assert len(lock_keys) == 10_000
+        # Server-side TTLs were refreshed: all well above what three periods would leave.
+        async with raw.pipeline(transaction=False) as pipe:
+            for key in lock_keys[:500]:
+                pipe.pttl(key)
+            ttls = await pipe.execute()
+        assert min(ttls) > 1000
+        await asyncio.gather(*(lease.release() for lease in leases))
+        assert redis_coord.held == []
+
+
+class TestBadInputWritesNothing:
+    async def test_rejected_calls_write_nothing(
+        self, redis_coord: asynclock.Coordinator, raw: Redis, namespace: str
+    ) -> None:
+        """Every rejected argument raises before any command reaches the server."""
+        calls_before = await raw.info("commandstats")
+        bad: list[dict[str, object]] = [
+            {"ttl": 0},
+            {"ttl": -1},
+            {"ttl": math.nan},
+            {"ttl": math.inf},
+            {"timeout": -1},
+            {"retry": "fast"},
+        ]
+        for options in bad:
+            with pytest.raises((ValueError, TypeError)):
+                redis_coord.lock("bad", **options)  # type: ignore[arg-type]
+        for name in ("", 1, None, "x" * 5000):
+            with pytest.raises((ValueError, TypeError)):
+                redis_coord.lock(name)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="shared"):
+            redis_coord.lock("bad", shared=True)
+        assert await namespace_keys(raw, namespace) == []
+        calls_after = await raw.info("commandstats")
+        assert calls_after.get("cmdstat_evalsha") == calls_before.get("cmdstat_evalsha")
+
+    def test_unknown_scheme_is_value_error(self) -> None:
+        """An unknown URL scheme is a ValueError naming the accepted ones."""
+        for url in ("http://localhost", "redis+foo://x", "localhost:6379", "mysql://x"):
+            with pytest.raises(ValueError, match="accepted"):
+                asynclock.connect(url)
+        with pytest.raises(TypeError):
+            asynclock.connect(6379)  # type: ignore[arg-type]
+
+    def test_unknown_option_is_type_error(self, asynclock_redis_url: str) -> None:
+        """A misspelt option fails at connect(), not at the first lock."""
+        with pytest.raises(TypeError):
+            asynclock.connect(asynclock_redis_url, socket_timout=1)
+
+
+class TestClientsAndSecrets:
+    async def test_passed_in_client_is_not_closed(self, asynclock_redis_url: str) -> None:
+        """Coordinator(RedisBackend(client)).aclose() leaves the application's client open."""
+        client = Redis.from_url(asynclock_redis_url)
+        coord = asynclock.Coordinator(RedisBackend(client, prefix="own"))
+        async with coord, coord.lock("mine"):
+            pass
+        assert await client.ping()
+        await client.aclose()
+
+    async def test_password_never_shown(self, asynclock_redis_url: str) -> None:
+        """A password in the URL appears in no repr and no error message."""
+        url = asynclock_redis_url.replace("redis://", "redis://someone:hunter2secret@")
+        async with asynclock.connect(url) as coord:
+            assert "hunter2secret" not in repr(coord)
+            assert "hunter2secret" not in repr(coord.backend)
+            with pytest.raises(BackendError) as caught:
+                await coord.lock("x").acquire()
+            assert "hunter2secret" not in str(caught.value)
+            assert "hunter2secret" not in repr(caught.value.__cause__)
+
+    async def test_unix_socket(
+        self, asynclock_valkey_factory: ValkeyFactory, tmp_path: Path
+    ) -> None:
+        """unix:// URLs reach a server on a Unix socket."""
+        path = tmp_path / "valkey.sock"
+        server = asynclock_valkey_factory(1, extra_args=("--unixsocket", str(path)))[0]
+        assert server.running
+        async with asynclock.connect(f"unix://{path}") as coord:
+            async with coord.lock("sock") as lease:
+                info = await coord.inspect("sock")
+                assert info is not None
+                assert info.fence == lease.fence
+            assert "unix://" in repr(coord)
