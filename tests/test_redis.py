@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 
 import asynclock
 from asynclock import BackendError, Backoff, LockLost, LockTimeout
-from asynclock.backends import RedisBackend
+from asynclock.backends import Claim, RedisBackend
 from asynclock.testing import ValkeyFactory, ValkeyServer
 
 from .conftest import redis_backend
@@ -137,20 +137,32 @@ class TestScripts:
         assert info.fence == held.fence
         await held.release()
 
+    async def test_a_retried_acquire_returns_the_same_grant(
+        self, redis_coord: asynclock.Coordinator
+    ) -> None:
+        """The acquire script is idempotent: the same claim sent twice (a retry after a lost
+        reply) gets the same fence instead of waiting for itself."""
+        backend = redis_backend(redis_coord)
+        claim = Claim("retried", "a" * 32, "me", shared=False)
+        first = await backend.try_acquire(claim, 10.0)
+        second = await backend.try_acquire(claim, 10.0)
+        assert first.fence is not None
+        assert second.fence == first.fence
+        other = await backend.try_acquire(Claim("retried", "b" * 32, "you", False), 10.0)
+        assert other.fence is None
+        assert other.retry_after is not None
+        assert 9 < other.retry_after <= 10
+        assert await backend.release(claim)
+
     async def test_fences_survive_a_restart_empty(self, private: ValkeyServer) -> None:
         """After the server restarts with no data, fences still grow (server clock, µs)."""
         async with asynclock.connect(private.url) as coord:
             async with coord.lock("f") as before:
                 pass
             private.restart()
-            # The pool's old connections are dead: the first command may fail once.
-            for _ in range(20):
-                try:
-                    async with coord.lock("f") as after:
-                        pass
-                    break
-                except BackendError:
-                    await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the loop sees the old connections close
+            async with coord.lock("f") as after:
+                pass
             assert after.fence > before.fence
 
 
@@ -243,7 +255,10 @@ class TestManyLeases:
             most_tasks = max(most_tasks, len(asyncio.all_tasks()))
             await asyncio.sleep(0.05)
         assert all(lease.held for lease in leases)
-        assert watchdog.renewals - renewals_before >= 3 * 10_000
+        renewed = watchdog.renewals - renewals_before
+        assert renewed >= 3 * 10_000
+        # Renewals due together went out together: hundreds per request, not one each.
+        assert renewed / max(1, watchdog.batches) > 100
         assert most_tasks < 10  # the test itself, the pub/sub reader, a renewal batch or two
         keys = await namespace_keys(raw, namespace)
         lock_keys = [k for k in keys if not k.endswith(b":fence")]

@@ -38,18 +38,17 @@ ACQUIRE = Script(
 -- Returns the new fence (> 0) when granted; otherwise minus the holder's remaining ms,
 -- or 0 when that is unknown (a key without expiry, set by someone else).
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  -- fence = max(counter + 1, server time in microseconds): strictly increasing while the
-  -- counter lives, and still increasing after a restart that lost it (given the server's
-  -- clock does not step back).
+  -- fence = max(last fence + 1, server time in microseconds): strictly increasing while
+  -- the counter lives, and still increasing after a restart that lost it (given the
+  -- server's clock does not step back).
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local fence = redis.call('INCR', KEYS[2])
-  if fence < now then
-    fence = now
-    -- %d, not tostring: Lua 5.1 prints large numbers with 14 significant digits.
-    redis.call('SET', KEYS[2], string.format('%d', now))
+  local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = tonumber(redis.call('GET', KEYS[2]) or 0)
+  if fence <= last then
+    fence = last + 1
   end
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  -- %d, not tostring: Lua 5.1 prints large numbers with 14 significant digits.
+  redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[3])
   return fence
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then

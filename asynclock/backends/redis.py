@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any
@@ -81,8 +81,7 @@ class RedisBackend(Backend):
         if not prefix or "{" in prefix or "}" in prefix:
             raise ValueError(f"prefix must be non-empty and free of '{{' and '}}', got {prefix!r}")
         self._client = client
-        # redis-py's execute_command is untyped; this is the one entry point we call.
-        self._execute: Callable[..., Awaitable[Any]] = client.execute_command
+        self._link = _Link(client.connection_pool)
         self._prefix = prefix
         self._retention_ms = math.ceil(
             check_number("fence_retention", fence_retention, positive=True) * 1000
@@ -137,14 +136,14 @@ class RedisBackend(Backend):
     # -- scripts ---------------------------------------------------------------------
 
     async def _eval(self, script: _scripts.Script, numkeys: int, *args: Any) -> Any:
-        execute = self._execute
+        execute = self._link.execute
         with self._errors:
             try:
                 return await execute("EVALSHA", script.sha, numkeys, *args)
             except NoScriptError:
                 # After a restart or SCRIPT FLUSH: load it and try once more.
                 logger.debug("script %s not loaded on %s; loading", script.name, self._where)
-                await execute("SCRIPT LOAD", script.source)
+                await execute("SCRIPT", "LOAD", script.source)
                 return await execute("EVALSHA", script.sha, numkeys, *args)
 
     # -- the Backend interface -------------------------------------------------------
@@ -221,6 +220,7 @@ class RedisBackend(Backend):
 
     async def aclose(self) -> None:
         await self._subscriber.aclose()
+        await self._link.aclose()
         if self._owns_client:
             await self._client.aclose()
 
@@ -244,6 +244,51 @@ class RedisBackend(Backend):
 
 
 _BACKEND_OPTIONS = ("prefix", "fence_retention", "clock", "drift_factor", "drift_base")
+
+
+class _Link:
+    """A few connections kept out of the client's pool for the hot path.
+
+    Going through ``Redis.execute_command`` costs a pool checkout and check-in per
+    command (an asyncio lock, a condition for a blocking pool, bookkeeping): about as much
+    as our whole script. The link keeps up to ``keep`` connections it took from the pool
+    and uses them directly, one command at a time each. Past that, it takes more from the
+    pool, which still bounds the total (a blocking pool makes extra callers queue), and
+    gives back what it cannot keep. No retries happen here: redis-py disconnects a
+    connection on any error or cancellation, and the next command reconnects it.
+    """
+
+    __slots__ = ("_idle", "_keep", "_pool")
+
+    def __init__(self, pool: ConnectionPool, keep: int = 16) -> None:
+        self._pool = pool
+        self._keep = keep
+        self._idle: list[AbstractConnection] = []
+
+    async def execute(self, *args: Any) -> Any:
+        idle = self._idle
+        if idle:
+            conn = idle.pop()
+            reader = getattr(conn, "_reader", None)
+            if reader is not None and reader.at_eof():
+                # Closed by the server while idle (restart, timeout): reconnect first,
+                # rather than fail one command on a dead socket.
+                await conn.disconnect(nowait=True)
+        else:
+            conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            await conn.send_command(*args, check_health=False)
+            return await conn.read_response()
+        finally:
+            if len(idle) < self._keep:
+                idle.append(conn)
+            else:
+                await self._pool.release(conn)
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await self._pool.release(conn)
 
 
 class _Waiter:
