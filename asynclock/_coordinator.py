@@ -17,6 +17,7 @@ from ._backoff import Backoff
 from ._errors import BackendError
 from ._lock import Lease, Lock
 from ._validate import check_name, check_timeout, check_ttl
+from ._wakeup import WakeSlot
 from ._watchdog import Watchdog
 from .backends.base import Backend, Claim, LockInfo
 from .backends.memory import MemoryBackend
@@ -56,6 +57,8 @@ class Coordinator:
         self.identity = identity or _default_identity()
         self._held: dict[Lease, None] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # Wake-up slots of this coordinator's waiting acquires: woken by aclose().
+        self._waiting: set[WakeSlot] = set()
         self._watchdog = Watchdog(backend, self._spawn)
         self._closed = False
 
@@ -146,6 +149,8 @@ class Coordinator:
         self._closed = True
         for lease in list(self._held):
             lease._lose("the coordinator was closed")
+        for slot in list(self._waiting):
+            slot._wake()  # waiting acquires see the coordinator closed and raise
         self._watchdog.close()
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=_CLOSE_TIMEOUT)
@@ -192,26 +197,29 @@ class Coordinator:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _discard(self, claim: Claim, ttl: float) -> None:
+    def _discard(self, claim: Claim, ttl: float, lease: Lease | None = None) -> None:
         """Delete ``claim``'s lock on the server in the background, if it still holds it.
 
-        Used after a cancelled or failed acquire (the grant may have landed), a failed
-        release and a loss. Retries with backoff until the server answers or ``ttl`` has
-        passed (by then the server dropped the lock itself).
+        Used after a cancelled or failed acquire (the grant may have landed), a failed or
+        cancelled release, and a loss. Retries with backoff until the server answers or
+        ``ttl`` has passed (by then the server dropped the lock itself). A ``lease``
+        still held when the server confirms is marked released.
         """
-        self._spawn(self._discard_task(claim, ttl), name=f"asynclock-discard:{claim.name}")
+        self._spawn(self._discard_task(claim, ttl, lease), name=f"asynclock-discard:{claim.name}")
 
-    async def _discard_task(self, claim: Claim, ttl: float) -> None:
+    async def _discard_task(self, claim: Claim, ttl: float, lease: Lease | None) -> None:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + ttl
         per_try = min(max(ttl / 4, 0.1), 2.0)
         backoff = Backoff(initial=0.05, maximum=1.0)
-        for attempt in range(1_000_000):
+        attempt = 0
+        while True:
             try:
                 async with asyncio.timeout(per_try):
-                    await self._backend.release(claim)
+                    released = await self._backend.release(claim)
             except (BackendError, TimeoutError) as exc:
                 delay = backoff.delay(attempt)
+                attempt += 1
                 if loop.time() + delay >= give_up:
                     logger.info(
                         "could not release %r on the server (%s); its TTL ends it", claim.name, exc
@@ -219,6 +227,8 @@ class Coordinator:
                     return
                 await asyncio.sleep(delay)
             else:
+                if lease is not None:
+                    lease._end_after_discard(released)
                 return
 
 

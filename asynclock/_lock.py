@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ._backoff import Backoff
 from ._errors import LockLost, LockNotOwned, LockTimeout
 from ._validate import check_ttl
+from ._wakeup import WakeSlot
 from .backends.base import Attempt, Claim
 
 if TYPE_CHECKING:
@@ -161,8 +162,9 @@ class Lease:
 
         Raises :class:`LockNotOwned` when the lease was already released or lost, or the
         server says another holder (or nobody) has the lock; nothing is touched then.
-        If the call fails or is cancelled, the release goes on in the background until the
-        server confirms or the lease's TTL has run out, and the error is raised.
+        If the call fails or is cancelled, the lease stays held (``held`` is still true, a
+        later ``release()`` may try again) but is no longer renewed, and the release goes
+        on in the background until the server confirms or the TTL has run out.
         """
         if self._state is not _HELD:
             raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; not released")
@@ -175,8 +177,12 @@ class Lease:
         try:
             released = await coord.backend.release(self._claim)
         except BaseException:
-            self._end(_RELEASED)
-            coord._discard(self._claim, self.ttl)
+            # Unconfirmed: keep the token and the HELD state, stop renewing, and let the
+            # background clean-up finish the job (it marks the lease released).
+            if self._state is _HELD and self._renew:
+                self._renew = False
+                coord._watchdog.reschedule(self, self._valid_until)
+            coord._discard(self._claim, self.ttl, self)
             raise
         if released:
             self._end(_RELEASED)
@@ -194,6 +200,13 @@ class Lease:
         self._reason = reason
         self._coord._forget(self)
         return True
+
+    def _end_after_discard(self, released: bool) -> None:
+        """The background release of a lease whose own release failed has finished."""
+        if released:
+            self._end(_RELEASED)
+        else:
+            self._end(_LOST, "the lock was no longer held when its release was retried")
 
     def _lose(self, reason: str) -> None:
         """Mark the lease lost: stop renewing, cancel the body, clean up on the server."""
@@ -279,7 +292,7 @@ class Lock:
         if attempt.fence is None:
             if timeout == 0:
                 raise LockTimeout(f"lock {self.name!r} is held (timeout=0: tried once)")
-            attempt, start = await self._wait(claim, deadline, attempt)
+            attempt, start = await self._wait(claim, deadline)
         if attempt.start is not None:
             start = attempt.start
         assert attempt.fence is not None
@@ -296,31 +309,41 @@ class Lock:
         coord._hold(lease)
         return lease
 
-    async def _wait(
-        self, claim: Claim, deadline: float | None, attempt: Attempt
-    ) -> tuple[Attempt, float]:
-        """Sleep until woken, the holder's TTL ends or the backoff step passes; try again."""
-        backend = self._coord.backend
-        clock = backend.clock
-        retry = self.retry
+    async def _wait(self, claim: Claim, deadline: float | None) -> tuple[Attempt, float]:
+        """Try until granted; between attempts sleep until woken by a release, the
+        holder's TTL ends or the backoff step passes. Returns the grant and its start."""
+        coord = self._coord
         # Subscribe first, then try: a release between the failed attempt and the sleep
         # is recorded on the slot, never lost.
-        async with backend.waiter(self.name) as slot:
-            tries = 0
-            while True:
-                start = clock.now()
-                attempt = await self._attempt(claim, deadline)
-                if attempt.fence is not None:
-                    return attempt, start
-                now = clock.now()
-                if deadline is not None and now >= deadline:
-                    raise LockTimeout(f"lock {self.name!r} not acquired within {self.timeout:g}s")
-                pause = retry.delay(tries)
-                tries += 1
-                if attempt.retry_after is not None:
-                    pause = min(pause, attempt.retry_after + _EXPIRY_MARGIN)
-                until = now + pause if deadline is None else min(now + pause, deadline)
-                await slot.wait(clock, until)
+        async with coord.backend.waiter(self.name) as slot:
+            coord._waiting.add(slot)
+            try:
+                return await self._wait_loop(claim, deadline, slot)
+            finally:
+                coord._waiting.discard(slot)
+
+    async def _wait_loop(
+        self, claim: Claim, deadline: float | None, slot: WakeSlot
+    ) -> tuple[Attempt, float]:
+        coord = self._coord
+        clock = coord.backend.clock
+        retry = self.retry
+        tries = 0
+        while True:
+            coord._check_open()
+            start = clock.now()
+            attempt = await self._attempt(claim, deadline)
+            if attempt.fence is not None:
+                return attempt, start
+            now = clock.now()
+            if deadline is not None and now >= deadline:
+                raise LockTimeout(f"lock {self.name!r} not acquired within {self.timeout:g}s")
+            pause = retry.delay(tries)
+            tries += 1
+            if attempt.retry_after is not None:
+                pause = min(pause, attempt.retry_after + _EXPIRY_MARGIN)
+            until = now + pause if deadline is None else min(now + pause, deadline)
+            await slot.wait(clock, until)
 
     async def _attempt(self, claim: Claim, deadline: float | None) -> Attempt:
         """One ``try_acquire``, bounded by the caller's deadline, undone if interrupted."""

@@ -113,7 +113,7 @@ class Watchdog:
         now = self._clock.now()
         heap = self._heap
         batch: list[Lease] = []
-        deferred: list[tuple[float, int, Lease]] = []
+        deferred: list[Lease] = []
         self._firing = True
         try:
             while heap and heap[0][0] <= now + _COALESCE:
@@ -126,11 +126,11 @@ class Watchdog:
                 elif lease._renew and not lease._renewing:
                     batch.append(lease)
                 else:
-                    deferred.append(entry)  # a validity deadline, not due yet
+                    deferred.append(lease)  # not renewing now: its next action is its deadline
         finally:
             self._firing = False
-        for entry in deferred:
-            heapq.heappush(heap, entry)
+        for lease in deferred:
+            self._push(lease, lease._valid_until)
         if batch:
             self._send(batch, now)
         if heap and heap[0][0] < self._timer_at:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import math
+from collections import deque
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -252,17 +253,19 @@ class _Link:
     Going through ``Redis.execute_command`` costs a pool checkout and check-in per
     command (an asyncio lock, a condition for a blocking pool, bookkeeping): about as much
     as our whole script. The link keeps up to ``keep`` connections it took from the pool
-    and uses them directly, one command at a time each. Past that, it takes more from the
-    pool, which still bounds the total (a blocking pool makes extra callers queue), and
-    gives back what it cannot keep. No retries happen here: redis-py disconnects a
-    connection on any error or cancellation, and the next command reconnects it.
+    (at most a quarter of the pool's ``max_connections``) and uses them directly, one
+    command at a time each. Past that, it takes more from the pool, which still bounds the
+    total (a blocking pool makes extra callers queue), and gives back what it cannot keep.
+    No retries happen here: redis-py disconnects a connection on any error or
+    cancellation, and the next command reconnects it.
     """
 
     __slots__ = ("_idle", "_keep", "_pool")
 
     def __init__(self, pool: ConnectionPool, keep: int = 16) -> None:
         self._pool = pool
-        self._keep = keep
+        # Never more than a quarter of a bounded pool: the application may share it.
+        self._keep = min(keep, max(1, getattr(pool, "max_connections", keep) // 4))
         self._idle: list[AbstractConnection] = []
 
     async def execute(self, *args: Any) -> Any:
@@ -319,18 +322,22 @@ class _Waiter:
     ) -> None:
         assert self._slot is not None
         self._hub.unregister(self._slot)
-        await self._subscriber.unsubscribe(self._channel)
+        # A waiter that gives up (cancelled, timed out) leaves only once the server has
+        # dropped its subscription; one that got the lock does not wait for that.
+        await self._subscriber.unsubscribe(self._channel, confirm=exc_type is not None)
 
 
 class _Subscriber:
-    """The coordinator's one pub/sub connection.
+    """The coordinator's one pub/sub connection, and a reader task while anyone waits.
 
     Channels are reference-counted: the first waiter on a name sends ``SUBSCRIBE`` and
     waits for the server's confirmation (so its next attempt cannot miss a release), the
-    last one to leave sends ``UNSUBSCRIBE``. A reader task dispatches messages to the
-    hub. If the connection drops, every waiter is woken (messages may have been lost),
-    and the reader reconnects with backoff, subscribes again and wakes everyone once more
-    when the server confirmed.
+    last one to leave sends ``UNSUBSCRIBE``. The reader task dispatches messages to the
+    hub and ends when the server confirms that nothing is subscribed any more; the
+    connection stays open for the next waiter. If the connection drops, every waiter is
+    woken (a release may have been missed), and the reader reconnects (with backoff after
+    a failed connect), subscribes again and wakes everyone once more when the server has
+    confirmed (a ``PING`` sent after the ``SUBSCRIBE`` answers after it).
     """
 
     def __init__(self, pool: ConnectionPool, hub: WakeHub, where: str) -> None:
@@ -339,11 +346,14 @@ class _Subscriber:
         self._where = where
         self._timeout = float(pool.connection_kwargs.get("socket_timeout") or 5.0)
         self._refs: dict[str, int] = {}
+        # Resolved when the server confirmed the channel's subscription.
         self._ready: dict[str, asyncio.Future[None]] = {}
         # SUBSCRIBE commands sent per channel and not yet confirmed. Kept apart from
         # ``_refs`` because a channel can be dropped and re-added before the server
         # answered the first SUBSCRIBE: only the last confirmation means "subscribed".
         self._unconfirmed: dict[str, int] = {}
+        # One entry per UNSUBSCRIBE sent, in order; a future where someone waits for it.
+        self._unsubscribing: dict[str, deque[asyncio.Future[None] | None]] = {}
         self._conn: AbstractConnection | None = None
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
@@ -361,12 +371,13 @@ class _Subscriber:
                 self._ready[channel] = asyncio.get_running_loop().create_future()
                 if self._conn is not None:
                     await self._send("SUBSCRIBE", channel)
-                elif self._reader is None or self._reader.done():
-                    self._start_reader(reconnect=False)
+                if self._reader is None:
+                    # It connects if needed and subscribes every wanted channel.
+                    self._reader = asyncio.create_task(self._run(), name="asynclock-pubsub")
             async with asyncio.timeout(self._timeout):
                 await asyncio.shield(self._ready[channel])
         except BaseException as exc:
-            await self.unsubscribe(channel)
+            await self.unsubscribe(channel, confirm=False)
             if isinstance(exc, TimeoutError):
                 # An unanswered SUBSCRIBE: the connection is not trustworthy; start over.
                 self._restart(exc)
@@ -375,7 +386,8 @@ class _Subscriber:
                 ) from exc
             raise
 
-    async def unsubscribe(self, channel: str) -> None:
+    async def unsubscribe(self, channel: str, *, confirm: bool) -> None:
+        """Drop one reference; the last one unsubscribes (and waits for it if ``confirm``)."""
         refs = self._refs.get(channel, 0) - 1
         if refs > 0:
             self._refs[channel] = refs
@@ -384,10 +396,18 @@ class _Subscriber:
         ready = self._ready.pop(channel, None)
         if ready is not None and not ready.done():
             ready.cancel()
-        if self._conn is not None:
-            # A failed write breaks the connection; the reader then reconnects.
-            with contextlib.suppress(BackendError):
-                await self._send("UNSUBSCRIBE", channel)
+        if self._conn is None:
+            return
+        done = asyncio.get_running_loop().create_future() if confirm else None
+        self._unsubscribing.setdefault(channel, deque()).append(done)
+        try:
+            await self._send("UNSUBSCRIBE", channel)
+        except BackendError:
+            return  # the connection broke: nothing is subscribed on it any more
+        if done is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._timeout):
+                    await asyncio.shield(done)
 
     async def _send(self, command: str, *channels: str) -> None:
         conn = self._conn
@@ -398,72 +418,108 @@ class _Subscriber:
         with map_backend_errors(self._where, _DRIVER_ERRORS):
             await conn.send_command(command, *channels, check_health=False)
 
-    def _start_reader(self, *, reconnect: bool) -> None:
-        self._reader = asyncio.create_task(self._run(reconnect), name="asynclock-pubsub")
-
     def _restart(self, exc: BaseException) -> None:
-        """Drop the connection (its reader with it) and start over if anyone still waits."""
-        if self._reader is not None:
-            self._reader.cancel()
-            self._reader = None
-        self._conn = None
+        """Drop the connection and its reader; start over if anyone still waits."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()  # redis-py closes the connection of a cancelled read
+        conn, self._conn = self._conn, None
+        if conn is not None and reader is None:
+            _close_soon(conn)
         self._connection_lost(exc)
         if self._refs and not self._closed:
-            self._start_reader(reconnect=True)
+            self._reader = asyncio.create_task(self._run(resync=True), name="asynclock-pubsub")
 
-    async def _run(self, reconnect: bool) -> None:
-        """Connect, subscribe what is wanted, dispatch; reconnect while anyone waits."""
+    async def _run(self, *, resync: bool = False) -> None:
+        """Connect if needed, subscribe what is wanted, dispatch until nothing is."""
         backoff = Backoff(initial=0.05, maximum=2.0)
-        failures = 0
-        while not self._closed and self._refs:
-            kwargs = dict(self._pool.connection_kwargs)
-            # Our own reads block as long as needed; RESP2 keeps pub/sub replies plain.
-            kwargs.update(socket_timeout=None, protocol=2, health_check_interval=0)
-            conn = self._pool.connection_class(**kwargs)
-            try:
-                with map_backend_errors(self._where, _DRIVER_ERRORS):
-                    await conn.connect()  # type: ignore[no-untyped-call]
-                self._conn = conn
-                self._unconfirmed.clear()
-                channels = list(self._refs)
-                if channels:
-                    await self._send("SUBSCRIBE", *channels)
-                if reconnect:
-                    # Everyone waiting may have missed a release while we were away: once
-                    # the server confirmed the subscriptions (PING answers after them),
-                    # wake them all to try again.
-                    with map_backend_errors(self._where, _DRIVER_ERRORS):
-                        await conn.send_command("PING", check_health=False)
-                failures = 0
-                while True:
-                    with map_backend_errors(self._where, _DRIVER_ERRORS):
-                        reply = await conn.read_response()
-                    self._dispatch(reply)
-            except BackendError as exc:
-                lost = exc
-            finally:
-                if self._conn is conn:
-                    self._conn = None
-                await conn.disconnect(nowait=True)
-            failures += 1
-            reconnect = True
-            self._connection_lost(lost)
-            if self._closed or not self._refs:
+        failed_connects = 0
+        try:
+            while not self._closed:
+                conn = self._conn
+                try:
+                    if conn is None:
+                        conn = await self._open(resync)
+                    failed_connects = 0
+                    await self._read(conn)
+                except BackendError as exc:
+                    if conn is not None and self._conn is conn:
+                        # An open connection broke: reconnect at once.
+                        self._conn = None
+                        _close_soon(conn)
+                        self._connection_lost(exc)
+                        resync = True
+                        logger.warning("pub/sub connection to %s lost (%s)", self._where, exc)
+                    else:
+                        failed_connects += 1
+                        self._fail_waiting(exc)
+                    if not self._refs:
+                        return
+                    if failed_connects:
+                        await asyncio.sleep(backoff.delay(failed_connects - 1))
+                else:
+                    return  # nothing subscribed: keep the connection, end the task
+        finally:
+            if self._reader is asyncio.current_task():
+                self._reader = None
+
+    async def _open(self, resync: bool) -> AbstractConnection:
+        """A new connection, subscribed to every wanted channel."""
+        conn = await self._connect()
+        self._conn = conn
+        self._unconfirmed.clear()
+        channels = list(self._refs)
+        try:
+            if channels:
+                await self._send("SUBSCRIBE", *channels)
+                if resync:
+                    await self._send("PING")
+        except BackendError:
+            self._conn = None
+            _close_soon(conn)
+            raise
+        return conn
+
+    async def _read(self, conn: AbstractConnection) -> None:
+        """Dispatch replies until the server says nothing is subscribed and nobody waits."""
+        while True:
+            with map_backend_errors(self._where, _DRIVER_ERRORS):
+                reply = await conn.read_response()
+            if self._dispatch(reply) and not self._refs:
                 return
-            logger.warning("pub/sub connection to %s lost (%s); reconnecting", self._where, lost)
-            await asyncio.sleep(backoff.delay(failures - 1))
+
+    async def _connect(self) -> AbstractConnection:
+        kwargs = dict(self._pool.connection_kwargs)
+        # Our own reads block as long as needed; RESP2 keeps pub/sub replies plain.
+        kwargs.update(socket_timeout=None, protocol=2, health_check_interval=0)
+        conn: AbstractConnection = self._pool.connection_class(**kwargs)
+        with map_backend_errors(self._where, _DRIVER_ERRORS):
+            await conn.connect()  # type: ignore[no-untyped-call]
+        return conn
 
     def _connection_lost(self, exc: BaseException) -> None:
+        """The connection is gone: nothing is subscribed any more, anyone may have missed
+        a release. Pending subscriptions are re-sent by the reconnect."""
         self._unconfirmed.clear()
-        for channel, ready in list(self._ready.items()):
-            if not ready.done():
-                ready.set_exception(BackendError(f"{self._where}: pub/sub failed: {exc}"))
-                # Mark retrieved: the subscriber that owns it may have left already.
-                ready.exception()
-            self._ready[channel] = asyncio.get_running_loop().create_future()
+        for pending in self._unsubscribing.values():
+            for done in pending:
+                if done is not None and not done.done():
+                    done.set_result(None)
+        self._unsubscribing.clear()
         self._hub.notify_all()
 
-    def _dispatch(self, reply: Any) -> None:
+    def _fail_waiting(self, exc: BaseException) -> None:
+        """A connect failed: whoever waits for a subscription gets the error now."""
+        error = BackendError(f"{self._where}: pub/sub connection failed: {exc}")
+        loop = asyncio.get_running_loop()
+        for channel, ready in list(self._ready.items()):
+            if not ready.done():
+                ready.set_exception(error)
+                ready.exception()  # retrieved: its subscriber may have left already
+                self._ready[channel] = loop.create_future()
+
+    def _dispatch(self, reply: Any) -> bool:
+        """Handle one reply; True when the server says nothing is subscribed any more."""
         kind = _text(reply[0])
         if kind == "message":
             self._hub.notify_one(_text(reply[1]))
@@ -472,13 +528,24 @@ class _Subscriber:
             left = self._unconfirmed.get(channel, 0) - 1
             if left > 0:
                 self._unconfirmed[channel] = left
-                return
-            self._unconfirmed.pop(channel, None)
-            ready = self._ready.get(channel)
-            if ready is not None and not ready.done():
-                ready.set_result(None)
+            else:
+                self._unconfirmed.pop(channel, None)
+                ready = self._ready.get(channel)
+                if ready is not None and not ready.done():
+                    ready.set_result(None)
+        elif kind == "unsubscribe":
+            channel = _text(reply[1])
+            pending = self._unsubscribing.get(channel)
+            if pending:
+                done = pending.popleft()
+                if not pending:
+                    del self._unsubscribing[channel]
+                if done is not None and not done.done():
+                    done.set_result(None)
+            return int(reply[2]) == 0
         elif kind == "pong":
             self._hub.notify_all()
+        return False
 
     async def aclose(self) -> None:
         self._closed = True
@@ -487,8 +554,17 @@ class _Subscriber:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.disconnect()
         for ready in self._ready.values():
             ready.cancel()
         self._ready.clear()
         self._refs.clear()
-        self._hub.notify_all()
+        self._connection_lost(BackendError(f"{self._where}: closed"))
+
+
+def _close_soon(conn: AbstractConnection) -> None:
+    """Close a broken connection without waiting for it (from sync code or a reader)."""
+    task = asyncio.ensure_future(conn.disconnect(nowait=True))
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
