@@ -182,9 +182,9 @@ class Coordinator:
         if self._closed:
             raise RuntimeError("this Coordinator is closed")
 
-    def _hold(self, lease: Lease) -> None:
+    def _hold(self, lease: Lease, start: float) -> None:
         self._held[lease] = None
-        self._watchdog.watch(lease)
+        self._watchdog.watch(lease, start)
 
     def _forget(self, lease: Lease) -> None:
         self._held.pop(lease, None)

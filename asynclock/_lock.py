@@ -53,7 +53,6 @@ class Lease:
     """
 
     __slots__ = (
-        "__weakref__",
         "_cancel_on_lost",
         "_cancel_sent",
         "_claim",
@@ -306,7 +305,7 @@ class Lock:
             cancel_on_lost=self.cancel_on_lost,
             retry=self.retry,
         )
-        coord._hold(lease)
+        coord._hold(lease, start)
         return lease
 
     async def _wait(self, claim: Claim, deadline: float | None) -> tuple[Attempt, float]:

@@ -62,11 +62,11 @@ class Watchdog:
         """Leases being watched."""
         return self._live
 
-    def watch(self, lease: Lease) -> None:
-        """Start watching a newly granted lease."""
+    def watch(self, lease: Lease, start: float) -> None:
+        """Start watching a lease granted to a request sent at ``start``."""
         self._live += 1
         if lease._renew:
-            self._push(lease, self._clock.now() + lease._interval)
+            self._push(lease, start + lease._interval)
         else:
             self._push(lease, lease._valid_until)
 
