@@ -60,8 +60,8 @@ class RedisBackend(Backend):
     ``client`` is a ``redis.asyncio.Redis`` the application owns: it is not closed by
     ``aclose()``. Keys are ``{prefix}:{{name}}`` (the lock), ``{prefix}:{{name}}:fence``
     (the fence counter) and the channel ``{prefix}:{{name}}:wake``. The fence counter
-    expires ``fence_retention`` seconds after the last acquisition (fences then continue
-    from the server's clock in microseconds; see the README).
+    expires ``fence_retention`` seconds (at least 2 ttl) after the lock was last taken or
+    renewed; fences then continue from the server's clock in microseconds (README).
     """
 
     def __init__(
