@@ -7,6 +7,7 @@ has its own backend over one table unique to the test.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -67,6 +68,18 @@ async def redis_coord(
     """A coordinator on the shared Valkey server with a prefix unique to the test."""
     async with asynclock.connect(asynclock_redis_url, prefix=namespace) as coord:
         yield coord
+
+
+async def eventually(predicate: Callable[[], bool], within: float = 2.0) -> bool:
+    """Poll ``predicate`` until it holds or ``within`` seconds pass; its last value."""
+    try:
+        async with asyncio.timeout(within):
+            # Polls state of the library that has no event to wait on; tests only.
+            while not predicate():  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        return predicate()
+    return True
 
 
 def redis_backend(coord: asynclock.Coordinator) -> RedisBackend:

@@ -16,7 +16,7 @@ from asynclock import BackendError, Backoff, LockLost, LockTimeout
 from asynclock.backends import Claim, RedisBackend
 from asynclock.testing import ValkeyFactory, ValkeyServer
 
-from .conftest import redis_backend
+from .conftest import eventually, redis_backend
 
 
 @pytest.fixture
@@ -113,11 +113,7 @@ class TestFrozenServer:
                 await releasing
             assert lease.held  # not confirmed: ownership not cleared
             private.resume()
-            for _ in range(100):
-                if not lease.held:
-                    break
-                await asyncio.sleep(0.02)
-            assert not lease.held
+            assert await eventually(lambda: not lease.held)
             assert not lease.lost
             assert not await observer.is_locked("r")
 
