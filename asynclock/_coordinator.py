@@ -21,6 +21,7 @@ from ._wakeup import WakeSlot
 from ._watchdog import Watchdog
 from .backends.base import Backend, Claim, LockInfo
 from .backends.memory import MemoryBackend
+from .backends.postgres import PostgresBackend
 from .backends.redis import RedisBackend
 
 __all__ = ("Coordinator", "connect")
@@ -28,7 +29,7 @@ __all__ = ("Coordinator", "connect")
 logger = logging.getLogger("asynclock")
 
 _DEFAULT_RETRY = Backoff()
-_SCHEMES = ("memory", "redis", "rediss", "unix")
+_SCHEMES = ("memory", "redis", "rediss", "unix", "postgresql", "postgres")
 # How long aclose() waits for releases and clean-ups still in flight.
 _CLOSE_TIMEOUT = 5.0
 
@@ -236,10 +237,13 @@ def connect(target: str | Sequence[str], **options: Any) -> Coordinator:
     """A :class:`Coordinator` for a URL. No I/O happens until the first use.
 
     ``memory://`` and ``memory://NAME`` (in-process; the same NAME shares one lock table),
-    ``redis://``, ``rediss://`` and ``unix://`` (one Redis/Valkey node). ``options``:
-    ``identity``; backend options (``prefix``, ``drift_factor``, ``drift_base``,
-    ``fence_retention``); for Redis, ``max_connections`` (default 64) and redis-py pool
-    options. The coordinator closes what it opened in :meth:`Coordinator.aclose`.
+    ``redis://``, ``rediss://`` and ``unix://`` (one Redis/Valkey node),
+    ``postgresql://`` and ``postgres://`` (PostgreSQL advisory locks). ``options``:
+    ``identity``, ``drift_factor``, ``drift_base``; for Redis ``prefix``,
+    ``fence_retention``, ``max_connections`` (default 64) and redis-py pool options; for
+    PostgreSQL ``namespace``, ``schema``, ``fence_sequence``, ``max_connections`` (default
+    32) and ``asyncpg.create_pool`` options. The coordinator closes what it opened in
+    :meth:`Coordinator.aclose`.
 
     Raises ``TypeError`` for a non-string target or unknown options, ``ValueError`` for
     an unsupported scheme.
@@ -263,6 +267,8 @@ def connect(target: str | Sequence[str], **options: Any) -> Coordinator:
                 f"(accepted: identity, {', '.join(sorted(allowed))})"
             )
         backend = MemoryBackend.shared(target.split("://", 1)[1], **options)
+    elif scheme in ("postgresql", "postgres"):
+        backend = PostgresBackend.from_dsn(target, **options)
     else:
         backend = RedisBackend.from_url(target, **options)
     return Coordinator(backend, identity=identity)

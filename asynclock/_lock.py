@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ._backoff import Backoff
-from ._errors import LockLost, LockNotOwned, LockTimeout
+from ._errors import BackendError, LockLost, LockNotOwned, LockTimeout
 from ._validate import check_ttl
 from ._wakeup import WakeSlot
 from .backends.base import Attempt, Claim
@@ -30,6 +30,8 @@ logger = logging.getLogger("asynclock")
 # A waiter whose holder's lease is about to expire retries this long after the expiry,
 # so that its attempt does not land a hair before the server drops the key.
 _EXPIRY_MARGIN = 0.001
+# How long past the caller's deadline a server-side wait may take to report its timeout.
+_NATIVE_WAIT_SLACK = 0.5
 
 
 class _State(enum.Enum):
@@ -291,6 +293,8 @@ class Lock:
         if attempt.fence is None:
             if timeout == 0:
                 raise LockTimeout(f"lock {self.name!r} is held (timeout=0: tried once)")
+            if backend.native_wait:  # it waited in the server's queue already
+                raise LockTimeout(f"lock {self.name!r} not acquired within {timeout:g}s")
             attempt, start = await self._wait(claim, deadline)
         if attempt.start is not None:
             start = attempt.start
@@ -350,19 +354,24 @@ class Lock:
         try:
             if deadline is None or self.timeout == 0:
                 return await backend.try_acquire(claim, self.ttl, wait=self.timeout)
-            remaining = deadline - backend.clock.now()
+            remaining = max(deadline - backend.clock.now(), 0.0)
+            # A backend that waits in the server's queue stops there at the deadline; our
+            # own bound only catches a server that does not answer at all.
+            bound = remaining + _NATIVE_WAIT_SLACK if backend.native_wait else remaining
             try:
-                async with asyncio.timeout(max(remaining, 0.0)):
+                async with asyncio.timeout(bound):
                     return await backend.try_acquire(claim, self.ttl, wait=remaining)
             except TimeoutError as exc:
                 raise LockTimeout(
                     f"lock {self.name!r} not acquired within {self.timeout:g}s "
                     f"({backend.describe()} did not answer in time)"
                 ) from exc
-        except BaseException:
+        except BaseException as exc:
             # The server may have granted the lock before we stopped listening (cancelled,
             # timed out, connection reset after the request left): take it back.
             self._coord._discard(claim, self.ttl)
+            if isinstance(exc, BackendError) and self._coord.closed:
+                raise RuntimeError("this Coordinator was closed while acquiring") from exc
             raise
 
     # -- async with --------------------------------------------------------------------

@@ -22,45 +22,15 @@ import asyncio
 import json
 import platform
 import secrets
-import statistics
 import sys
-import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
 
+from _common import Op, print_table, report, run_cases
 from redis.asyncio import Redis
 
 import asynclock
 from asynclock.testing import start_valkey
 
-Op = Callable[[], Awaitable[object]]
-
-
-@dataclass
-class Summary:
-    case: str
-    ops: int
-    median_us: float
-    p99_us: float
-    mean_us: float
-    ops_per_s: float
-
-
-def summarize(case: str, samples_ns: list[int]) -> Summary:
-    ordered = sorted(samples_ns)
-    n = len(ordered)
-    median = statistics.median(ordered) / 1000
-    p99 = ordered[min(n - 1, round(0.99 * (n - 1)))] / 1000
-    mean = statistics.fmean(ordered) / 1000
-    return Summary(case, n, round(median, 1), round(p99, 1), round(mean, 1), round(1e6 / mean))
-
-
-async def timed(op: Op, n: int, into: list[int]) -> None:
-    clock = time.perf_counter_ns
-    for _ in range(n):
-        started = clock()
-        await op()
-        into.append(clock() - started)
+FLOOR = "floor SET NX PX + DEL"
 
 
 async def run(url: str, rounds: int, per_round: int, warmup: int) -> dict[str, object]:
@@ -86,64 +56,25 @@ async def run(url: str, rounds: int, per_round: int, warmup: int) -> dict[str, o
         await raw.ping()
 
     cases: dict[str, Op] = {
-        "floor SET NX PX + DEL": floor,
+        FLOOR: floor,
         "asynclock async with": with_lock,
         "asynclock acquire/release": acquire_release,
         "PING": ping,
     }
-    samples: dict[str, list[int]] = {case: [] for case in cases}
     try:
-        for op in cases.values():  # connections open, scripts loaded, caches warm
-            await timed(op, warmup, [])
-        for i in range(rounds):
-            order = list(cases.items())
-            if i % 2:
-                order.reverse()
-            for case, op in order:
-                await timed(op, per_round, samples[case])
-            print(f"\r  round {i + 1}/{rounds}", end="", file=sys.stderr, flush=True)
-        print(file=sys.stderr)
+        summaries = await run_cases(cases, rounds=rounds, per_round=per_round, warmup=warmup)
     finally:
         await coord.aclose()
         await raw.aclose()
-
-    summaries = {case: summarize(case, s) for case, s in samples.items()}
-    floor_s = summaries["floor SET NX PX + DEL"]
-    ratios = {
-        case: {
-            "median_ratio": round(s.median_us / floor_s.median_us, 3),
-            "p99_ratio": round(s.p99_us / floor_s.p99_us, 3),
-        }
-        for case, s in summaries.items()
-    }
-    return {
-        "url": url.rsplit("@", maxsplit=1)[-1],
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "rounds": rounds,
-        "ops_per_round": per_round,
-        "results": [asdict(s) for s in summaries.values()],
-        "ratios_to_floor": ratios,
-    }
-
-
-def print_table(report: dict[str, object]) -> None:
-    results = report["results"]
-    ratios = report["ratios_to_floor"]
-    assert isinstance(results, list)
-    assert isinstance(ratios, dict)
-    header = (
-        f"{'case':28} {'ops':>7} {'median us':>10} {'p99 us':>9} {'ops/s':>8} "
-        f"{'x floor':>7} {'p99 x':>6}"
+    return report(
+        summaries,
+        FLOOR,
+        url=url.rsplit("@", maxsplit=1)[-1],
+        python=platform.python_version(),
+        machine=platform.machine(),
+        rounds=rounds,
+        ops_per_round=per_round,
     )
-    print(header)
-    print("-" * len(header))
-    for row in results:
-        r = ratios[row["case"]]
-        print(
-            f"{row['case']:28} {row['ops']:>7} {row['median_us']:>10.1f} {row['p99_us']:>9.1f} "
-            f"{row['ops_per_s']:>8} {r['median_ratio']:>7.3f} {r['p99_ratio']:>6.3f}"
-        )
 
 
 def main() -> None:
@@ -162,14 +93,14 @@ def main() -> None:
         url = server.url
         print(f"embedded Valkey on {url} (pid {server.pid})", file=sys.stderr)
     try:
-        report = asyncio.run(run(url, args.rounds, args.per_round, args.warmup))
+        result = asyncio.run(run(url, args.rounds, args.per_round, args.warmup))
     finally:
         if server is not None:
             server.stop()
-    print_table(report)
+    print_table(result)
     if args.json:
         with open(args.json, "w") as out:
-            json.dump(report, out, indent=2)
+            json.dump(result, out, indent=2)
         print(f"wrote {args.json}", file=sys.stderr)
 
 

@@ -17,7 +17,7 @@ import pytest
 import asynclock
 from asynclock.backends import MemoryBackend, RedisBackend
 
-BACKENDS = ("memory", "redis")
+BACKENDS = ("memory", "redis", "postgres")
 
 MakeCoord = Callable[..., asynclock.Coordinator]
 
@@ -42,10 +42,14 @@ async def make_coord(
     url = ""
     if backend_kind == "redis":
         url = request.getfixturevalue("asynclock_redis_url")
+    elif backend_kind == "postgres":
+        url = request.getfixturevalue("asynclock_postgres_dsn")
 
     def make(**options: Any) -> asynclock.Coordinator:
         if backend_kind == "memory":
             coord = asynclock.connect(f"memory://{namespace}", **options)
+        elif backend_kind == "postgres":
+            coord = asynclock.connect(url, namespace=namespace, **options)
         else:
             coord = asynclock.connect(url, prefix=namespace, **options)
         made.append(coord)

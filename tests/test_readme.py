@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import asyncpg
 import pytest
+
+from asynclock.postgres import advisory_key
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -38,6 +41,21 @@ def test_programs_run(program: str, asynclock_redis_url: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip()
+
+
+async def test_key_sql_matches_the_library(asynclock_postgres_dsn: str) -> None:
+    """The README's SQL for the name-to-key mapping gives the number it says, which is
+    what asynclock computes."""
+    (block,) = [
+        b for b in re.findall(r"```sql\n(.*?)```", README, flags=re.DOTALL) if "sha256" in b
+    ]
+    expected = int(block.rsplit("--", 1)[1])
+    conn = await asyncpg.connect(asynclock_postgres_dsn)
+    try:
+        assert await conn.fetchval(block.split(";")[0]) == expected
+    finally:
+        await conn.close()
+    assert advisory_key("invoice:42") == expected
 
 
 def test_ci_runs_the_readme_test_command() -> None:

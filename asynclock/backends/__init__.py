@@ -5,6 +5,15 @@ from .base import Backend as Backend
 from .base import Claim as Claim
 from .base import LockInfo as LockInfo
 from .memory import MemoryBackend as MemoryBackend
+from .postgres import PostgresBackend as PostgresBackend
 from .redis import RedisBackend as RedisBackend
 
-__all__ = ("Attempt", "Backend", "Claim", "LockInfo", "MemoryBackend", "RedisBackend")
+__all__ = (
+    "Attempt",
+    "Backend",
+    "Claim",
+    "LockInfo",
+    "MemoryBackend",
+    "PostgresBackend",
+    "RedisBackend",
+)

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from .._clock import Clock, LoopClock
 from .._errors import BackendError
@@ -55,8 +55,7 @@ def owner_of(value: str) -> str:
     return owner if sep and len(token) == TOKEN_CHARS else value
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
+class Attempt(NamedTuple):
     """The answer to one ``try_acquire``.
 
     ``fence`` is set when the lock was granted. Otherwise ``retry_after`` (seconds) is how
@@ -66,6 +65,7 @@ class Attempt:
     backend's clock) from which the lease's local validity counts.
     """
 
+    # A NamedTuple, not a dataclass: one is made per attempt, on the hot path.
     fence: int | None
     retry_after: float | None = None
     start: float | None = None

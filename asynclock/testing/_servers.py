@@ -1115,8 +1115,12 @@ class PostgresServer(_LocalServer):
 
     @property
     def url(self) -> str:
-        """``postgresql://postgres@127.0.0.1:PORT/postgres``."""
-        return f"postgresql://postgres@{self.host}:{self.port}/postgres"
+        """``postgresql://postgres@127.0.0.1:PORT/postgres?sslmode=disable``.
+
+        The server has no TLS; saying so spares asyncpg's cancel requests a TLS
+        negotiation that fails noisily (MagicStack/asyncpg#1310).
+        """
+        return f"postgresql://postgres@{self.host}:{self.port}/postgres?sslmode=disable"
 
 
 # --------------------------------------------------------------------------------------
@@ -1334,7 +1338,7 @@ class ContainerServer(ServerProcess):
         """The connection URL on the mapped host port."""
         if self.kind == "redis":
             return f"redis://{self.host}:{self.port}/0"
-        return f"postgresql://postgres@{self.host}:{self.port}/postgres"
+        return f"postgresql://postgres@{self.host}:{self.port}/postgres?sslmode=disable"
 
     @property
     def running(self) -> bool:
