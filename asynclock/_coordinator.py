@@ -23,13 +23,15 @@ from .backends.base import Backend, Claim, LockInfo
 from .backends.memory import MemoryBackend
 from .backends.postgres import PostgresBackend
 from .backends.redis import RedisBackend
+from .backends.redlock import RedlockBackend
 
 __all__ = ("Coordinator", "connect")
 
 logger = logging.getLogger("asynclock")
 
 _DEFAULT_RETRY = Backoff()
-_SCHEMES = ("memory", "redis", "rediss", "unix", "postgresql", "postgres")
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_SCHEMES = ("memory", *_REDIS_SCHEMES, "postgresql", "postgres")
 # How long aclose() waits for releases and clean-ups still in flight.
 _CLOSE_TIMEOUT = 5.0
 
@@ -233,6 +235,24 @@ class Coordinator:
                 return
 
 
+def _scheme(url: str) -> str:
+    return urlsplit(url).scheme.lower() if "://" in url else ""
+
+
+def _connect_redlock(urls: list[object], options: dict[str, Any]) -> Coordinator:
+    for url in urls:
+        if not isinstance(url, str):
+            raise TypeError(f"Redlock targets must be URL strings, got {type(url).__name__}")
+        if _scheme(url) not in _REDIS_SCHEMES:
+            raise ValueError(
+                f"Redlock nodes must be redis://, rediss:// or unix:// URLs, got scheme "
+                f"{_scheme(url)!r}"
+            )
+    identity = options.pop("identity", None)
+    backend = RedlockBackend.from_urls([str(url) for url in urls], **options)
+    return Coordinator(backend, identity=identity)
+
+
 def connect(target: str | Sequence[str], **options: Any) -> Coordinator:
     """A :class:`Coordinator` for a URL. No I/O happens until the first use.
 
@@ -242,19 +262,28 @@ def connect(target: str | Sequence[str], **options: Any) -> Coordinator:
     ``identity``, ``drift_factor``, ``drift_base``; for Redis ``prefix``,
     ``fence_retention``, ``max_connections`` (default 64) and redis-py pool options; for
     PostgreSQL ``namespace``, ``schema``, ``fence_sequence``, ``max_connections`` (default
-    32) and ``asyncpg.create_pool`` options. The coordinator closes what it opened in
+    32) and ``asyncpg.create_pool`` options. A list of Redis URLs (3 or more) is Redlock
+    over those independent nodes, with ``node_timeout`` (default 0.05 s) and the Redis
+    options. The coordinator closes what it opened in
     :meth:`Coordinator.aclose`.
 
-    Raises ``TypeError`` for a non-string target or unknown options, ``ValueError`` for
-    an unsupported scheme.
+    Raises ``TypeError`` for a target that is neither a URL nor a list of them, or for
+    unknown options; ``ValueError`` for an unsupported scheme or fewer than 3 Redlock
+    nodes.
     """
     if not isinstance(target, str):
-        raise TypeError(f"target must be a URL string, got {type(target).__name__}")
-    scheme = urlsplit(target).scheme.lower() if "://" in target else ""
+        given: object = target  # checked at run time, whatever the annotation says
+        if isinstance(given, list | tuple):
+            return _connect_redlock(list(given), options)
+        raise TypeError(
+            f"target must be a URL string or a list of Redis URLs, got {type(target).__name__}"
+        )
+    scheme = _scheme(target)
     if scheme not in _SCHEMES:
         shown = f"scheme {scheme!r}" if scheme else "a URL without a scheme"
         raise ValueError(
-            f"unsupported target: {shown} (accepted: {', '.join(s + '://' for s in _SCHEMES)})"
+            f"unsupported target: {shown} (accepted: {', '.join(s + '://' for s in _SCHEMES)}, "
+            "or a list of redis:// URLs for Redlock)"
         )
     identity = options.pop("identity", None)
     backend: Backend

@@ -16,6 +16,9 @@ from ._clock import Clock
 
 __all__ = ("WakeHub", "WakeSlot")
 
+# Releases remembered per key while counting Redlock announcements.
+_RECENT_RELEASES = 16
+
 
 class WakeSlot:
     """One waiter's place in a :class:`WakeHub`."""
@@ -69,13 +72,21 @@ def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
 
 
 class WakeHub:
-    """Slots grouped by key (a lock name or a pub/sub channel), oldest first."""
+    """Slots grouped by key (a lock name or a pub/sub channel), oldest first.
 
-    __slots__ = ("_slots",)
+    ``quorum`` is for Redlock, where one release is announced by every node it reached:
+    :meth:`announce` wakes a waiter when the same release has been announced by that
+    many nodes, that is, when a majority is free for it.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_heard", "_slots", "quorum")
+
+    def __init__(self, quorum: int = 1) -> None:
         # dict-as-ordered-set: O(1) removal, iteration in arrival order.
         self._slots: dict[Hashable, dict[WakeSlot, None]] = {}
+        self.quorum = quorum
+        # Per key, how many nodes announced each recent release (oldest first).
+        self._heard: dict[Hashable, dict[Hashable, int]] = {}
 
     def register(self, key: Hashable) -> WakeSlot:
         slot = WakeSlot(self, key)
@@ -90,6 +101,7 @@ class WakeHub:
         del slots[slot]
         if not slots:
             del self._slots[slot.key]
+            self._heard.pop(slot.key, None)
         elif slot.woken:
             slot.woken = False
             self.notify_one(slot.key)
@@ -100,6 +112,21 @@ class WakeHub:
             if not slot.woken:
                 slot._wake()
                 return
+
+    def announce(self, key: Hashable, release: Hashable) -> None:
+        """A node says ``release`` freed ``key``: wake one waiter once a quorum said so."""
+        if self.quorum == 1:
+            self.notify_one(key)
+            return
+        if key not in self._slots:
+            return  # nobody waits: nothing to count
+        heard = self._heard.setdefault(key, {})
+        count = heard.get(release, 0) + 1
+        heard[release] = count
+        if len(heard) > _RECENT_RELEASES:
+            del heard[next(iter(heard))]
+        if count == self.quorum:
+            self.notify_one(key)
 
     def notify_all(self, key: Hashable | None = None) -> None:
         """Wake every slot of ``key``, or every slot of every key (after a lost connection)."""

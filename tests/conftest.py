@@ -17,7 +17,7 @@ import pytest
 import asynclock
 from asynclock.backends import MemoryBackend, RedisBackend
 
-BACKENDS = ("memory", "redis", "postgres")
+BACKENDS = ("memory", "redis", "postgres", "redlock")
 
 MakeCoord = Callable[..., asynclock.Coordinator]
 
@@ -40,6 +40,9 @@ async def make_coord(
     """A factory of coordinators on the backend under test, all closed at the end."""
     made: list[asynclock.Coordinator] = []
     url = ""
+    urls: list[str] = []
+    if backend_kind == "redlock":
+        urls = request.getfixturevalue("asynclock_redlock_urls")
     if backend_kind == "redis":
         url = request.getfixturevalue("asynclock_redis_url")
     elif backend_kind == "postgres":
@@ -50,6 +53,8 @@ async def make_coord(
             coord = asynclock.connect(f"memory://{namespace}", **options)
         elif backend_kind == "postgres":
             coord = asynclock.connect(url, namespace=namespace, **options)
+        elif backend_kind == "redlock":
+            coord = asynclock.connect(urls, prefix=namespace, **options)
         else:
             coord = asynclock.connect(url, prefix=namespace, **options)
         made.append(coord)

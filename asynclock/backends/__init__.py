@@ -7,6 +7,7 @@ from .base import LockInfo as LockInfo
 from .memory import MemoryBackend as MemoryBackend
 from .postgres import PostgresBackend as PostgresBackend
 from .redis import RedisBackend as RedisBackend
+from .redlock import RedlockBackend as RedlockBackend
 
 __all__ = (
     "Attempt",
@@ -16,4 +17,5 @@ __all__ = (
     "MemoryBackend",
     "PostgresBackend",
     "RedisBackend",
+    "RedlockBackend",
 )

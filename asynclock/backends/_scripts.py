@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-__all__ = ("ACQUIRE", "EXTEND", "EXTEND_MANY", "INSPECT", "RELEASE", "Script")
+__all__ = ("ACQUIRE", "EXTEND", "EXTEND_MANY", "INSPECT", "RAISE_FENCE", "RELEASE", "Script")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +69,31 @@ RELEASE = Script(
 -- KEYS[1] lock key, KEYS[2] wake-up channel (declared so Cluster routes it with the lock)
 -- ARGV[1] holder value
 -- Deletes the lock and wakes waiters only if ARGV[1] still holds it. Returns 1 or 0.
+-- The message names the release (a digest, not the token), so that Redlock waiters can
+-- count the nodes one release reached.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[2], '')
+  redis.call('PUBLISH', KEYS[2], redis.sha1hex(ARGV[1]))
+  return 1
+end
+return 0
+""",
+)
+
+RAISE_FENCE = Script(
+    "raise_fence",
+    """
+-- KEYS[1] lock key, KEYS[2] fence counter key
+-- ARGV[1] holder value, ARGV[2] fence, ARGV[3] how long the fence counter outlives use (ms)
+-- Redlock's second step: once a majority granted the lock, the lease's fence is the
+-- largest counter among them plus one, written back here. Only while ARGV[1] still holds
+-- the lock, and never lowering the counter. Returns 1 or 0.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  if tonumber(ARGV[2]) > tonumber(redis.call('GET', KEYS[2]) or 0) then
+    redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+  else
+    redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  end
   return 1
 end
 return 0

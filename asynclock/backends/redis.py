@@ -15,12 +15,13 @@ from collections import deque
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 
 from .._backoff import Backoff
@@ -50,8 +51,55 @@ def describe_pool(pool: ConnectionPool) -> str:
     return f"{where}/{kw.get('db', 0)}"
 
 
+class Keys(NamedTuple):
+    """The three names behind one lock; they share the hash tag ``{name}``."""
+
+    lock: str
+    fence: str
+    channel: str
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+# No CLIENT SETINFO on connect: a new connection then costs no round trip, so one to a
+# node that stopped answering fails by the node's own timeout, not inside connect().
+# redis-py >= 7 says so with driver_info=None; older versions with lib_name/lib_version.
+try:
+    import redis.driver_info as _driver_info  # noqa: F401 - only probing for the newer API
+
+    _NO_SETINFO: dict[str, Any] = {"driver_info": None}
+except ImportError:  # pragma: no cover - older redis-py
+    _NO_SETINFO = {"lib_name": None, "lib_version": None}
+
+
+def client_from_url(url: str, *, max_connections: int = 64, **options: Any) -> Redis:
+    """A redis.asyncio client with asynclock's defaults, for a backend to own.
+
+    A bounded *blocking* pool (extra callers queue for a connection), 5 s connect and read
+    timeouts, TCP keepalive, RESP2 and no handshake commands (a new connection costs no
+    round trip), and no retries inside redis-py: a release retried after a lost reply
+    would report "not owned" for a lock it did release; asynclock retries where that is
+    safe. ``options`` override these and reach the pool; a misspelt one
+    fails here, not at the first lock.
+    """
+    pool_options: dict[str, Any] = {
+        "socket_connect_timeout": 5.0,
+        "socket_timeout": 5.0,
+        "timeout": 5.0,  # how long to wait for a free connection of the pool
+        "retry": Retry(NoBackoff(), 0),
+        # RESP2: with RESP3 (redis-py 8's default) every new connection first says HELLO
+        # and asks for maintenance notifications, two round trips before the first lock.
+        "protocol": 2,
+        **_NO_SETINFO,
+    }
+    if not url.startswith("unix://"):
+        pool_options["socket_keepalive"] = True
+    pool_options.update(options)
+    pool = BlockingConnectionPool.from_url(url, max_connections=max_connections, **pool_options)
+    pool.make_connection()  # type: ignore[no-untyped-call]  # builds, does not connect
+    return Redis.from_pool(pool)
 
 
 class RedisBackend(Backend):
@@ -101,40 +149,33 @@ class RedisBackend(Backend):
         fail. ``options`` not meant for :class:`RedisBackend` go to the connection pool.
         """
         own = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
-        pool_options: dict[str, Any] = {
-            "socket_connect_timeout": 5.0,
-            "socket_timeout": 5.0,
-            # Wait this long for a free connection of the bounded pool, then BackendError.
-            "timeout": 5.0,
-            # No retries inside redis-py: a release retried after a lost reply would report
-            # "not owned" for a lock it did release. asynclock retries where it is safe.
-            "retry": Retry(NoBackoff(), 0),
-        }
-        if not url.startswith("unix://"):
-            pool_options["socket_keepalive"] = True
-        pool_options.update(options)
-        pool = BlockingConnectionPool.from_url(url, max_connections=max_connections, **pool_options)
-        # Builds a connection object without connecting: unknown options fail here, at the
-        # call, rather than at the first lock.
-        pool.make_connection()  # type: ignore[no-untyped-call]
-        backend = cls(Redis.from_pool(pool), **own)
+        backend = cls(client_from_url(url, max_connections=max_connections, **options), **own)
         backend._owns_client = True
         return backend
 
+    def _share_hub(self, hub: WakeHub) -> None:
+        """Deliver wake-ups to ``hub`` (Redlock: one hub for all its nodes)."""
+        self._hub = hub
+        self._subscriber._hub = hub
+
     # -- keys ------------------------------------------------------------------------
 
-    def _keys(self, claim: Claim) -> tuple[str, str, str]:
+    def keys(self, name: str) -> Keys:
+        """The lock key, fence counter key and wake-up channel of ``name``."""
+        base = f"{self._prefix}:{{{name}}}"
+        return Keys(base, f"{base}:fence", f"{base}:wake")
+
+    def _claim_keys(self, claim: Claim) -> Keys:
         keys = claim.handle
         if keys is None:
-            base = f"{self._prefix}:{{{claim.name}}}"
-            keys = claim.handle = (base, f"{base}:fence", f"{base}:wake")
+            keys = claim.handle = self.keys(claim.name)
         return keys  # type: ignore[no-any-return]
 
     def channel(self, name: str) -> str:
         """The pub/sub channel that wakes waiters for ``name``."""
         return f"{self._prefix}:{{{name}}}:wake"
 
-    # -- scripts ---------------------------------------------------------------------
+    # -- one node's operations (also the building blocks of Redlock) ------------------
 
     async def _eval(self, script: _scripts.Script, numkeys: int, *args: Any) -> Any:
         execute = self._link.execute
@@ -147,74 +188,99 @@ class RedisBackend(Backend):
                 await execute("SCRIPT", "LOAD", script.source)
                 return await execute("EVALSHA", script.sha, numkeys, *args)
 
-    # -- the Backend interface -------------------------------------------------------
-
-    def _retention_for(self, ttl: float) -> int:
+    def retention_ms(self, ttl: float) -> int:
         """ms the fence counter outlives the lock's last use: never less than 2 ttl."""
         return max(self._retention_ms, math.ceil(ttl * 2000))
 
-    async def try_acquire(self, claim: Claim, ttl: float, *, wait: float | None = 0.0) -> Attempt:
-        lock_key, fence_key, _ = self._keys(claim)
-        reply = await self._eval(
-            _scripts.ACQUIRE,
-            2,
-            lock_key,
-            fence_key,
-            claim.value,
-            math.ceil(ttl * 1000),
-            self._retention_for(ttl),
+    async def acquire_keys(self, keys: Keys, value: str, ttl: float) -> int:
+        """The acquire script: the new fence (> 0), or minus the holder's ms left (<= 0)."""
+        return int(
+            await self._eval(
+                _scripts.ACQUIRE,
+                2,
+                keys.lock,
+                keys.fence,
+                value,
+                math.ceil(ttl * 1000),
+                self.retention_ms(ttl),
+            )
         )
-        if reply > 0:
-            return Attempt(int(reply))
-        return Attempt(None, -reply / 1000 if reply < 0 else None)
 
-    async def extend(self, claim: Claim, ttl: float) -> bool:
-        lock_key, fence_key, _ = self._keys(claim)
+    async def raise_fence(self, keys: Keys, value: str, fence: int, ttl: float) -> bool:
+        """Redlock's second step: lift the fence counter to ``fence`` if still holding."""
         reply = await self._eval(
-            _scripts.EXTEND,
-            2,
-            lock_key,
-            fence_key,
-            claim.value,
-            math.ceil(ttl * 1000),
-            self._retention_for(ttl),
+            _scripts.RAISE_FENCE, 2, keys.lock, keys.fence, value, fence, self.retention_ms(ttl)
         )
         return bool(reply == 1)
 
-    async def extend_many(self, items: Sequence[tuple[Claim, float]]) -> list[bool | None]:
-        results: list[bool | None] = []
+    async def extend_keys(self, keys: Keys, value: str, ttl: float) -> bool:
+        reply = await self._eval(
+            _scripts.EXTEND,
+            2,
+            keys.lock,
+            keys.fence,
+            value,
+            math.ceil(ttl * 1000),
+            self.retention_ms(ttl),
+        )
+        return bool(reply == 1)
+
+    async def extend_many_keys(self, items: Sequence[tuple[Keys, str, float]]) -> list[bool]:
+        """EXTEND for many locks, one script call per chunk. Raises ``BackendError``."""
+        results: list[bool] = []
         for start in range(0, len(items), _EXTEND_CHUNK):
             chunk = items[start : start + _EXTEND_CHUNK]
             keys: list[str] = []
             args: list[Any] = []
-            for claim, ttl in chunk:
-                lock_key, fence_key, _ = self._keys(claim)
-                keys += (lock_key, fence_key)
-                args += (claim.value, math.ceil(ttl * 1000), self._retention_for(ttl))
-            try:
-                replies = await self._eval(_scripts.EXTEND_MANY, len(keys), *keys, *args)
-            except BackendError as exc:
-                logger.warning(
-                    "renewal of %d leases failed on %s: %s", len(chunk), self._where, exc
-                )
-                results += [None] * len(chunk)
-            else:
-                results += [reply == 1 for reply in replies]
+            for lock_keys, value, ttl in chunk:
+                keys += (lock_keys.lock, lock_keys.fence)
+                args += (value, math.ceil(ttl * 1000), self.retention_ms(ttl))
+            replies = await self._eval(_scripts.EXTEND_MANY, len(keys), *keys, *args)
+            results += [reply == 1 for reply in replies]
         return results
 
-    async def release(self, claim: Claim) -> bool:
-        lock_key, _, channel = self._keys(claim)
-        reply = await self._eval(_scripts.RELEASE, 2, lock_key, channel, claim.value)
+    async def release_keys(self, keys: Keys, value: str) -> bool:
+        reply = await self._eval(_scripts.RELEASE, 2, keys.lock, keys.channel, value)
         return bool(reply == 1)
 
-    async def inspect(self, name: str) -> LockInfo | None:
-        base = f"{self._prefix}:{{{name}}}"
-        reply = await self._eval(_scripts.INSPECT, 2, base, f"{base}:fence")
+    async def inspect_keys(self, keys: Keys) -> tuple[str, float, int] | None:
+        """``(holder value, seconds left, fence counter)`` or None when free."""
+        reply = await self._eval(_scripts.INSPECT, 2, keys.lock, keys.fence)
         if reply is None:
             return None
         value, pttl, fence = reply
-        expires_in = math.inf if pttl < 0 else pttl / 1000
-        return LockInfo(name, owner_of(_text(value)), expires_in, int(fence or 0))
+        return _text(value), (math.inf if pttl < 0 else pttl / 1000), int(fence or 0)
+
+    # -- the Backend interface -------------------------------------------------------
+
+    async def try_acquire(self, claim: Claim, ttl: float, *, wait: float | None = 0.0) -> Attempt:
+        reply = await self.acquire_keys(self._claim_keys(claim), claim.value, ttl)
+        if reply > 0:
+            return Attempt(reply)
+        return Attempt(None, -reply / 1000 if reply < 0 else None)
+
+    async def extend(self, claim: Claim, ttl: float) -> bool:
+        return await self.extend_keys(self._claim_keys(claim), claim.value, ttl)
+
+    async def extend_many(self, items: Sequence[tuple[Claim, float]]) -> list[bool | None]:
+        try:
+            extended = await self.extend_many_keys(
+                [(self._claim_keys(claim), claim.value, ttl) for claim, ttl in items]
+            )
+        except BackendError as exc:
+            logger.warning("renewal of %d leases failed on %s: %s", len(items), self._where, exc)
+            return [None] * len(items)
+        return list(extended)
+
+    async def release(self, claim: Claim) -> bool:
+        return await self.release_keys(self._claim_keys(claim), claim.value)
+
+    async def inspect(self, name: str) -> LockInfo | None:
+        found = await self.inspect_keys(self.keys(name))
+        if found is None:
+            return None
+        value, expires_in, fence = found
+        return LockInfo(name, owner_of(value), expires_in, fence)
 
     def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
         return _Waiter(self._hub, self._subscriber, self.channel(name))
@@ -260,15 +326,18 @@ class _Link:
     cancellation, and the next command reconnects it.
     """
 
-    __slots__ = ("_idle", "_keep", "_pool")
+    __slots__ = ("_closed", "_idle", "_keep", "_pool")
 
     def __init__(self, pool: ConnectionPool, keep: int = 16) -> None:
         self._pool = pool
         # Never more than a quarter of a bounded pool: the application may share it.
         self._keep = min(keep, max(1, getattr(pool, "max_connections", keep) // 4))
         self._idle: list[AbstractConnection] = []
+        self._closed = False
 
     async def execute(self, *args: Any) -> Any:
+        if self._closed:
+            raise RedisConnectionError("the coordinator was closed")
         idle = self._idle
         if idle:
             conn = idle.pop()
@@ -283,12 +352,21 @@ class _Link:
             await conn.send_command(*args, check_health=False)
             return await conn.read_response()
         finally:
-            if len(idle) < self._keep:
+            if self.closed():
+                # Closed while this command was in flight: the pool may already have
+                # been disconnected; this connection must not outlive it.
+                await conn.disconnect(nowait=True)
+            elif len(idle) < self._keep:
                 idle.append(conn)
             else:
                 await self._pool.release(conn)
 
+    def closed(self) -> bool:
+        """True once aclose() began (re-read after awaits)."""
+        return self._closed
+
     async def aclose(self) -> None:
+        self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
             await self._pool.release(conn)
@@ -355,6 +433,7 @@ class _Subscriber:
         # One entry per UNSUBSCRIBE sent, in order; a future where someone waits for it.
         self._unsubscribing: dict[str, deque[asyncio.Future[None] | None]] = {}
         self._conn: AbstractConnection | None = None
+        self._opened: set[AbstractConnection] = set()
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -411,12 +490,23 @@ class _Subscriber:
 
     async def _send(self, command: str, *channels: str) -> None:
         conn = self._conn
-        assert conn is not None
+        if conn is None or self._closed:
+            raise BackendError(f"{self._where}: pub/sub connection closed")
         if command == "SUBSCRIBE":
             for channel in channels:
                 self._unconfirmed[channel] = self._unconfirmed.get(channel, 0) + 1
-        with map_backend_errors(self._where, _DRIVER_ERRORS):
-            await conn.send_command(command, *channels, check_health=False)
+        try:
+            with map_backend_errors(self._where, _DRIVER_ERRORS):
+                await conn.send_command(command, *channels, check_health=False)
+        finally:
+            if self.is_closed():
+                # aclose() ran meanwhile, and redis-py reconnects a closed connection on
+                # send: do not let that socket outlive the coordinator.
+                await conn.disconnect(nowait=True)
+
+    def is_closed(self) -> bool:
+        """True once aclose() began (re-read after awaits)."""
+        return self._closed
 
     def _restart(self, exc: BaseException) -> None:
         """Drop the connection and its reader; start over if anyone still waits."""
@@ -493,8 +583,17 @@ class _Subscriber:
         # Our own reads block as long as needed; RESP2 keeps pub/sub replies plain.
         kwargs.update(socket_timeout=None, protocol=2, health_check_interval=0)
         conn: AbstractConnection = self._pool.connection_class(**kwargs)
-        with map_backend_errors(self._where, _DRIVER_ERRORS):
-            await conn.connect()  # type: ignore[no-untyped-call]
+        # Every connection ever opened, so that aclose() closes them whatever path left
+        # one behind (a reader cancelled half-way through opening, say).
+        self._opened = {c for c in self._opened if c.is_connected}
+        self._opened.add(conn)
+        try:
+            with map_backend_errors(self._where, _DRIVER_ERRORS):
+                await conn.connect()  # type: ignore[no-untyped-call]
+        except BaseException:
+            # Interrupted half-way (a cancel from aclose, a timeout): close what opened.
+            await conn.disconnect(nowait=True)
+            raise
         return conn
 
     def _connection_lost(self, exc: BaseException) -> None:
@@ -522,7 +621,7 @@ class _Subscriber:
         """Handle one reply; True when the server says nothing is subscribed any more."""
         kind = _text(reply[0])
         if kind == "message":
-            self._hub.notify_one(_text(reply[1]))
+            self._hub.announce(_text(reply[1]), reply[2])
         elif kind == "subscribe":
             channel = _text(reply[1])
             left = self._unconfirmed.get(channel, 0) - 1
@@ -554,14 +653,19 @@ class _Subscriber:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-        conn, self._conn = self._conn, None
-        if conn is not None:
+        self._conn = None
+        opened, self._opened = self._opened, set()
+        for conn in opened:
             await conn.disconnect()
+        closed = BackendError(f"{self._where}: the coordinator was closed")
         for ready in self._ready.values():
-            ready.cancel()
+            if not ready.done():
+                # An error, not a cancel: a cancelled future would cancel its waiter.
+                ready.set_exception(closed)
+                ready.exception()
         self._ready.clear()
         self._refs.clear()
-        self._connection_lost(BackendError(f"{self._where}: closed"))
+        self._connection_lost(closed)
 
 
 def _close_soon(conn: AbstractConnection) -> None:

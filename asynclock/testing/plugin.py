@@ -28,6 +28,7 @@ from asynclock.testing._servers import (
     ServerProcess,
     ServerUnavailable,
     ValkeyFactory,
+    ValkeyServer,
     find_postgres_bindir,
     find_valkey_binary,
     postgres_server,
@@ -40,6 +41,8 @@ __all__ = (
     "asynclock_postgres_server",
     "asynclock_redis_server",
     "asynclock_redis_url",
+    "asynclock_redlock_servers",
+    "asynclock_redlock_urls",
     "asynclock_valkey_factory",
     "pytest_sessionfinish",
 )
@@ -104,6 +107,28 @@ def asynclock_postgres_server(pytestconfig: pytest.Config) -> Iterator[ServerPro
     _started(pytestconfig).append(server)
     yield server
     _stop(pytestconfig, server)
+
+
+@pytest.fixture(scope="session")
+def asynclock_redlock_servers(pytestconfig: pytest.Config) -> Iterator[list[ValkeyServer]]:
+    """Five private Valkey processes for Redlock, shared by the session.
+
+    Shared: do not freeze, kill or restart them (use ``asynclock_valkey_factory(5)`` for
+    that), and keep keys apart. Skips the test if no Valkey/Redis binary is installed.
+    """
+    if find_valkey_binary() is None:
+        pytest.skip(_HELP_VALKEY)
+    factory = ValkeyFactory()
+    _started(pytestconfig).append(factory)
+    servers = factory(5)
+    yield servers
+    _stop(pytestconfig, factory)
+
+
+@pytest.fixture
+def asynclock_redlock_urls(asynclock_redlock_servers: list[ValkeyServer]) -> list[str]:
+    """URLs of the session's five Redlock nodes."""
+    return [server.url for server in asynclock_redlock_servers]
 
 
 @pytest.fixture

@@ -1,0 +1,318 @@
+"""Redlock over several independent Redis/Valkey nodes.
+
+Every operation fans out to all nodes at once (``asyncio.gather``), each node bounded by
+``node_timeout``, and needs a majority:
+
+- acquire: the single-node acquire script on every node; with a majority granted within
+  the validity time (``ttl - elapsed - drift``), the lease's fence is the largest fence
+  counter among them, written back to each of them (``RAISE_FENCE``, only while still
+  holding it there) and confirmed by a majority before the lease is granted. Any two
+  majorities share a node, and that node's counter is at least the earlier lease's fence,
+  so the next lease's fence is larger: fences are monotonic across majorities. Without a
+  majority, whatever was taken is released on every node at once, and the caller retries.
+- extend: compare-and-extend everywhere; a majority must confirm.
+- release: compare-and-delete everywhere, including nodes that timed out earlier.
+
+The scripts are the single-node ones (:mod:`._scripts`), plus the fence write-back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+
+from .._clock import Clock
+from .._errors import BackendError, QuorumError
+from .._validate import check_number
+from .._wakeup import WakeHub, WakeSlot
+from .base import Attempt, Backend, Claim, LockInfo, owner_of
+from .redis import Keys, RedisBackend, client_from_url
+
+__all__ = ("RedlockBackend",)
+
+T = TypeVar("T")
+
+_BACKEND_OPTIONS = ("prefix", "fence_retention", "clock", "drift_factor", "drift_base")
+# Rounds of an acquire before too many failed or late nodes make it a QuorumError.
+_QUORUM_ROUNDS = 3
+
+
+class RedlockBackend(Backend):
+    """Locks on a majority of independent Redis/Valkey nodes.
+
+    ``clients`` are ``redis.asyncio.Redis`` clients the application owns (not closed by
+    ``aclose()``), one per node: at least 3; an odd number is best (5 tolerates two
+    nodes down, 4 tolerates only one). ``node_timeout`` (seconds, default 0.05) bounds
+    each node's answer: a frozen or dead node costs at most that much per step. Raises
+    ``ValueError`` for fewer than 3 clients or a bad timeout.
+    """
+
+    def __init__(
+        self,
+        clients: Sequence[Redis],
+        *,
+        node_timeout: float = 0.05,
+        prefix: str = "asynclock",
+        fence_retention: float = 3600.0,
+        clock: Clock | None = None,
+        drift_factor: float = 0.01,
+        drift_base: float = 0.002,
+    ) -> None:
+        super().__init__(clock=clock, drift_factor=drift_factor, drift_base=drift_base)
+        given: object = clients  # checked at run time, whatever the annotation says
+        if not isinstance(given, list | tuple):
+            raise TypeError("clients must be a list of redis.asyncio.Redis clients")
+        if len(clients) < 3:
+            raise ValueError(
+                f"Redlock needs at least 3 independent nodes (5 is usual), got {len(clients)}"
+            )
+        self.node_timeout = check_number("node_timeout", node_timeout, positive=True)
+        self._nodes = [
+            RedisBackend(
+                client,
+                prefix=prefix,
+                fence_retention=fence_retention,
+                clock=self.clock,
+                drift_factor=drift_factor,
+                drift_base=drift_base,
+            )
+            for client in clients
+        ]
+        self.quorum = len(self._nodes) // 2 + 1
+        # One hub for every node's wake-ups: a release counts once a majority announced it.
+        self._hub = WakeHub(quorum=self.quorum)
+        for node in self._nodes:
+            node._share_hub(self._hub)
+        self._owns_clients = False
+
+    @classmethod
+    def from_urls(
+        cls,
+        urls: Sequence[str],
+        *,
+        node_timeout: float = 0.05,
+        max_connections: int = 64,
+        **options: Any,
+    ) -> RedlockBackend:
+        """A backend on clients of its own, one per URL (closed by ``aclose()``)."""
+        own = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
+        clients = [client_from_url(url, max_connections=max_connections, **options) for url in urls]
+        backend = cls(clients, node_timeout=node_timeout, **own)
+        backend._owns_clients = True
+        return backend
+
+    @property
+    def nodes(self) -> list[RedisBackend]:
+        """The per-node backends, in the order the clients were given."""
+        return list(self._nodes)
+
+    # -- fan-out ---------------------------------------------------------------------
+
+    async def _each(
+        self,
+        op: Callable[[RedisBackend], Awaitable[T]],
+        nodes: Sequence[RedisBackend] | None = None,
+    ) -> list[T | BackendError | TimeoutError]:
+        """``op`` on every node at once, each bounded by ``node_timeout``; a node that
+        fails or does not answer in time yields its error instead of a result."""
+        timeout = self.node_timeout
+
+        async def one(node: RedisBackend) -> T | BackendError | TimeoutError:
+            try:
+                async with asyncio.timeout(timeout):
+                    return await op(node)
+            except (BackendError, TimeoutError) as exc:
+                return exc
+
+        targets = self._nodes if nodes is None else nodes
+        return await asyncio.gather(*(one(node) for node in targets))
+
+    def _keys(self, claim: Claim) -> Keys:
+        keys = claim.handle
+        if keys is None:
+            keys = claim.handle = self._nodes[0].keys(claim.name)
+        return keys  # type: ignore[no-any-return]
+
+    def _no_quorum(self, what: str, failed: int) -> QuorumError:
+        return QuorumError(
+            f"{self.describe()}: {what}: {failed} of {len(self._nodes)} nodes failed or did "
+            f"not answer within {self.node_timeout:g}s; a majority is {self.quorum}"
+        )
+
+    # -- the Backend interface -------------------------------------------------------
+
+    async def try_acquire(self, claim: Claim, ttl: float, *, wait: float | None = 0.0) -> Attempt:
+        # Nodes that fail or answer late are retried a couple of times before QuorumError:
+        # under a burst, a Python process can itself be the reason a node "answers" late,
+        # and a real outage still fails within a few node timeouts.
+        for round_ in range(_QUORUM_ROUNDS):
+            attempt, failed = await self._acquire_once(claim, ttl)
+            if failed <= len(self._nodes) - self.quorum:
+                return attempt
+            if round_ < _QUORUM_ROUNDS - 1:
+                await asyncio.sleep(random.random() * self.node_timeout)  # noqa: S311
+        raise self._no_quorum("acquire", failed)
+
+    async def _acquire_once(self, claim: Claim, ttl: float) -> tuple[Attempt, int]:
+        """One Redlock round: the attempt, and how many nodes failed or were late."""
+        keys = self._keys(claim)
+        value = claim.value
+        start = self.clock.now()
+        replies = await self._each(lambda node: node.acquire_keys(keys, value, ttl))
+        granted = [
+            (node, reply)
+            for node, reply in zip(self._nodes, replies, strict=True)
+            if isinstance(reply, int) and reply > 0
+        ]
+        failed = sum(isinstance(reply, Exception) for reply in replies)
+        if len(granted) >= self.quorum:
+            fence = max(reply for _, reply in granted)
+            confirms = await self._each(
+                lambda node: node.raise_fence(keys, value, fence, ttl),
+                [node for node, _ in granted],
+            )
+            left = ttl - (self.clock.now() - start) - self.drift(ttl)
+            if sum(confirm is True for confirm in confirms) >= self.quorum and left > 0:
+                return Attempt(fence), 0
+            failed += sum(isinstance(confirm, Exception) for confirm in confirms)
+        # No majority: give back at once what we took, on every node (one that timed out
+        # may have taken it all the same), so that our retry does not block itself.
+        await self._each(lambda node: node.release_keys(keys, value))
+        return Attempt(None, self._free_in(replies, len(granted))), failed
+
+    def _free_in(self, replies: Sequence[object], free: int) -> float | None:
+        """When enough holders' leases run out for a majority, if every holder said."""
+        held = sorted(
+            -reply / 1000 if reply < 0 else math.inf
+            for reply in replies
+            if isinstance(reply, int) and reply <= 0
+        )
+        needed = self.quorum - free
+        if needed <= 0 or needed > len(held) or math.isinf(held[needed - 1]):
+            return None
+        return held[needed - 1]
+
+    async def extend(self, claim: Claim, ttl: float) -> bool:
+        keys = self._keys(claim)
+        results = await self._each(lambda node: node.extend_keys(keys, claim.value, ttl))
+        verdict = self._verdict(results)
+        if verdict is None:
+            raise self._no_quorum("extend", sum(isinstance(r, Exception) for r in results))
+        return verdict
+
+    def _verdict(self, results: Sequence[object]) -> bool | None:
+        """True if a majority confirmed, False if so many refused that none can, else None."""
+        if sum(result is True for result in results) >= self.quorum:
+            return True
+        if sum(result is False for result in results) > len(self._nodes) - self.quorum:
+            return False
+        return None
+
+    async def extend_many(self, items: Sequence[tuple[Claim, float]]) -> list[bool | None]:
+        batch = [(self._keys(claim), claim.value, ttl) for claim, ttl in items]
+        per_node = await self._each(lambda node: node.extend_many_keys(batch))
+        verdicts: list[bool | None] = []
+        for i in range(len(items)):
+            verdicts.append(
+                self._verdict(
+                    [None if isinstance(results, Exception) else results[i] for results in per_node]
+                )
+            )
+        return verdicts
+
+    async def release(self, claim: Claim) -> bool:
+        keys = self._keys(claim)
+        results = await self._each(lambda node: node.release_keys(keys, claim.value))
+        verdict = self._verdict(results)
+        if verdict is None:
+            raise self._no_quorum("release", sum(isinstance(r, Exception) for r in results))
+        return verdict
+
+    async def inspect(self, name: str) -> LockInfo | None:
+        keys = self._nodes[0].keys(name)
+        results = await self._each(lambda node: node.inspect_keys(keys))
+        failed = sum(isinstance(r, Exception) for r in results)
+        found = [r for r in results if isinstance(r, tuple)]
+        holders = Counter(value for value, _, _ in found)
+        if holders:
+            value, count = holders.most_common(1)[0]
+            if count >= self.quorum:
+                mine = [r for r in found if r[0] == value]
+                # Held while a majority holds it: until the quorum-th longest TTL ends.
+                expires_in = sorted((left for _, left, _ in mine), reverse=True)[self.quorum - 1]
+                fence = min(counter for _, _, counter in mine)
+                return LockInfo(name, owner_of(value), expires_in, fence)
+        if failed > len(self._nodes) - self.quorum:
+            raise self._no_quorum("inspect", failed)
+        return None
+
+    def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
+        return _RedlockWaiter(self, self._nodes[0].channel(name))
+
+    async def aclose(self) -> None:
+        for node in self._nodes:
+            await node.aclose()
+        if self._owns_clients:
+            for node in self._nodes:
+                await node.client.aclose()
+
+    def describe(self) -> str:
+        where = ", ".join(node._where[len("Redis ") :] for node in self._nodes)
+        return f"RedlockBackend {len(self._nodes)} nodes ({where})"
+
+
+class _RedlockWaiter:
+    """A hub slot, then a subscription on every node that answers within node_timeout.
+
+    Nodes that are down do not hold the waiter up: a majority of them announcing a
+    release is what wakes it, and the backoff covers the rest.
+    """
+
+    __slots__ = ("_backend", "_channel", "_slot", "_subscribed")
+
+    def __init__(self, backend: RedlockBackend, channel: str) -> None:
+        self._backend = backend
+        self._channel = channel
+        self._slot: WakeSlot | None = None
+        self._subscribed: list[RedisBackend] = []
+
+    async def __aenter__(self) -> WakeSlot:
+        backend = self._backend
+        slot = self._slot = backend._hub.register(self._channel)
+        channel = self._channel
+        try:
+            results = await backend._each(lambda node: node._subscriber.subscribe(channel))
+        except BaseException:
+            backend._hub.unregister(slot)
+            raise
+        self._subscribed = [
+            node
+            for node, result in zip(backend._nodes, results, strict=True)
+            if not isinstance(result, Exception)
+        ]
+        return slot
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._slot is not None
+        self._backend._hub.unregister(self._slot)
+        channel = self._channel
+        confirm = exc_type is not None
+        subscribed, self._subscribed = self._subscribed, []
+        with contextlib.suppress(BackendError):
+            await self._backend._each(
+                lambda node: node._subscriber.unsubscribe(channel, confirm=confirm), subscribed
+            )
