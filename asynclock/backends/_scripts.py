@@ -35,14 +35,19 @@ ACQUIRE = Script(
     """
 -- KEYS[1] lock key, KEYS[2] fence counter key
 -- ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] how long the fence counter outlives use (ms)
+-- ARGV[4] (optional) a floor for the fence: Redlock proposes one value to every node
 -- Returns the new fence (> 0) when granted; otherwise minus the holder's remaining ms,
 -- or 0 when that is unknown (a key without expiry, set by someone else).
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  -- fence = max(last fence + 1, server time in microseconds): strictly increasing while
-  -- the counter lives, and still increasing after a restart that lost it (given the
-  -- server's clock does not step back).
+  -- fence = max(last fence + 1, server time in microseconds, floor): strictly increasing
+  -- while the counter lives, and still increasing after a restart that lost it (given
+  -- the server's clock does not step back).
   local t = redis.call('TIME')
   local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local floor = tonumber(ARGV[4] or 0)
+  if fence < floor then
+    fence = floor
+  end
   local last = tonumber(redis.call('GET', KEYS[2]) or 0)
   if fence <= last then
     fence = last + 1

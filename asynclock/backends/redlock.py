@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import math
 import random
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -44,6 +45,9 @@ T = TypeVar("T")
 _BACKEND_OPTIONS = ("prefix", "fence_retention", "clock", "drift_factor", "drift_base")
 # Rounds of an acquire before too many failed or late nodes make it a QuorumError.
 _QUORUM_ROUNDS = 3
+# How far ahead of our clock the proposed fence floor is (µs): more than the request
+# takes to reach the nodes, so that their own clocks fall below it.
+_FLOOR_LEAD_US = 5_000
 
 
 class RedlockBackend(Backend):
@@ -93,6 +97,8 @@ class RedlockBackend(Backend):
         for node in self._nodes:
             node._share_hub(self._hub)
         self._owns_clients = False
+        # Node operations still running after their fan-out was decided.
+        self._stragglers: set[asyncio.Future[Any]] = set()
 
     @classmethod
     def from_urls(
@@ -121,20 +127,61 @@ class RedlockBackend(Backend):
         self,
         op: Callable[[RedisBackend], Awaitable[T]],
         nodes: Sequence[RedisBackend] | None = None,
-    ) -> list[T | BackendError | TimeoutError]:
-        """``op`` on every node at once, each bounded by ``node_timeout``; a node that
-        fails or does not answer in time yields its error instead of a result."""
-        timeout = self.node_timeout
+        *,
+        wanted: Callable[[object], bool] | None = None,
+    ) -> list[T | BackendError | TimeoutError | None]:
+        """``op`` on every node at once, all bounded by one ``node_timeout`` deadline.
+
+        A node that fails or does not answer in time yields its error. With ``wanted``,
+        the call returns as soon as the outcome is decided: a majority of results are
+        wanted, or so many are not that a majority no longer can be. Nodes still working
+        then (a frozen node, typically) yield None and finish in the background, within
+        the same deadline: one slow node does not slow everyone down.
+        """
+        targets = self._nodes if nodes is None else nodes
+        expired = _Deadline()
 
         async def one(node: RedisBackend) -> T | BackendError | TimeoutError:
             try:
-                async with asyncio.timeout(timeout):
-                    return await op(node)
-            except (BackendError, TimeoutError) as exc:
+                return await op(node)
+            except BackendError as exc:
                 return exc
+            except asyncio.CancelledError:
+                if expired.passed:
+                    return TimeoutError(f"no answer within {self.node_timeout:g}s")
+                raise
 
-        targets = self._nodes if nodes is None else nodes
-        return await asyncio.gather(*(one(node) for node in targets))
+        tasks = [asyncio.ensure_future(one(node)) for node in targets]
+        # One timer for the whole fan-out, not one asyncio.timeout per node.
+        expired.handle = asyncio.get_running_loop().call_later(
+            self.node_timeout, expired.expire, tasks
+        )
+        pending = set(tasks)
+        yes = no = 0
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if wanted is None:
+                    continue
+                for task in done:
+                    if wanted(task.result()):
+                        yes += 1
+                    else:
+                        no += 1
+                if yes >= self.quorum or no > len(self._nodes) - self.quorum:
+                    break
+        except BaseException:
+            expired.cancel()
+            for task in tasks:
+                task.cancel()
+            raise
+        if pending:
+            for task in pending:
+                self._stragglers.add(task)
+                task.add_done_callback(self._stragglers.discard)
+        else:
+            expired.cancel()
+        return [task.result() if task.done() else None for task in tasks]
 
     def _keys(self, claim: Claim) -> Keys:
         keys = claim.handle
@@ -167,7 +214,13 @@ class RedlockBackend(Backend):
         keys = self._keys(claim)
         value = claim.value
         start = self.clock.now()
-        replies = await self._each(lambda node: node.acquire_keys(keys, value, ttl))
+        # Every node is offered the same fence floor (our clock, a little ahead): when each
+        # granting node lands on it, a majority already stores the lease's fence and the
+        # write-back round trip is not needed. Correctness never depends on this clock.
+        floor = time.time_ns() // 1000 + _FLOOR_LEAD_US
+        replies = await self._each(
+            lambda node: node.acquire_keys(keys, value, ttl, floor), wanted=_granted
+        )
         granted = [
             (node, reply)
             for node, reply in zip(self._nodes, replies, strict=True)
@@ -176,18 +229,40 @@ class RedlockBackend(Backend):
         failed = sum(isinstance(reply, Exception) for reply in replies)
         if len(granted) >= self.quorum:
             fence = max(reply for _, reply in granted)
-            confirms = await self._each(
-                lambda node: node.raise_fence(keys, value, fence, ttl),
-                [node for node, _ in granted],
-            )
+            behind = [node for node, reply in granted if reply < fence]
+            stored = len(granted) - len(behind)  # nodes whose counter already is the fence
+            if behind and stored < self.quorum:
+                confirms = await self._each(
+                    lambda node: node.raise_fence(keys, value, fence, ttl),
+                    behind,
+                    wanted=_true,
+                )
+                stored += sum(confirm is True for confirm in confirms)
+                failed += sum(isinstance(confirm, Exception) for confirm in confirms)
             left = ttl - (self.clock.now() - start) - self.drift(ttl)
-            if sum(confirm is True for confirm in confirms) >= self.quorum and left > 0:
+            if stored >= self.quorum and left > 0:
                 return Attempt(fence), 0
-            failed += sum(isinstance(confirm, Exception) for confirm in confirms)
         # No majority: give back at once what we took, on every node (one that timed out
-        # may have taken it all the same), so that our retry does not block itself.
-        await self._each(lambda node: node.release_keys(keys, value))
+        # may have taken it all the same), so that our retry does not block itself. Nodes
+        # that answered are waited for; the others finish in the background.
+        answered = [
+            node
+            for node, reply in zip(self._nodes, replies, strict=True)
+            if reply is not None and not isinstance(reply, Exception)
+        ]
+        silent = [node for node in self._nodes if node not in answered]
+        if silent:
+            self._background(lambda node: node.release_keys(keys, value), silent)
+        await self._each(lambda node: node.release_keys(keys, value), answered)
         return Attempt(None, self._free_in(replies, len(granted))), failed
+
+    def _background(
+        self, op: Callable[[RedisBackend], Awaitable[object]], nodes: Sequence[RedisBackend]
+    ) -> None:
+        """``op`` on ``nodes`` without waiting for them (each bounded by node_timeout)."""
+        task = asyncio.ensure_future(self._each(op, nodes))
+        self._stragglers.add(task)
+        task.add_done_callback(self._stragglers.discard)
 
     def _free_in(self, replies: Sequence[object], free: int) -> float | None:
         """When enough holders' leases run out for a majority, if every holder said."""
@@ -203,7 +278,9 @@ class RedlockBackend(Backend):
 
     async def extend(self, claim: Claim, ttl: float) -> bool:
         keys = self._keys(claim)
-        results = await self._each(lambda node: node.extend_keys(keys, claim.value, ttl))
+        results = await self._each(
+            lambda node: node.extend_keys(keys, claim.value, ttl), wanted=_true
+        )
         verdict = self._verdict(results)
         if verdict is None:
             raise self._no_quorum("extend", sum(isinstance(r, Exception) for r in results))
@@ -224,14 +301,14 @@ class RedlockBackend(Backend):
         for i in range(len(items)):
             verdicts.append(
                 self._verdict(
-                    [None if isinstance(results, Exception) else results[i] for results in per_node]
+                    [results[i] if isinstance(results, list) else None for results in per_node]
                 )
             )
         return verdicts
 
     async def release(self, claim: Claim) -> bool:
         keys = self._keys(claim)
-        results = await self._each(lambda node: node.release_keys(keys, claim.value))
+        results = await self._each(lambda node: node.release_keys(keys, claim.value), wanted=_true)
         verdict = self._verdict(results)
         if verdict is None:
             raise self._no_quorum("release", sum(isinstance(r, Exception) for r in results))
@@ -259,6 +336,10 @@ class RedlockBackend(Backend):
         return _RedlockWaiter(self, self._nodes[0].channel(name))
 
     async def aclose(self) -> None:
+        if self._stragglers:  # each is bounded by node_timeout
+            await asyncio.wait(set(self._stragglers), timeout=2 * self.node_timeout)
+        for task in list(self._stragglers):
+            task.cancel()
         for node in self._nodes:
             await node.aclose()
         if self._owns_clients:
@@ -268,6 +349,33 @@ class RedlockBackend(Backend):
     def describe(self) -> str:
         where = ", ".join(node._where[len("Redis ") :] for node in self._nodes)
         return f"RedlockBackend {len(self._nodes)} nodes ({where})"
+
+
+class _Deadline:
+    """The end of a fan-out's time: cancels whatever node operation is still running."""
+
+    __slots__ = ("handle", "passed")
+
+    def __init__(self) -> None:
+        self.passed = False
+        self.handle: asyncio.TimerHandle | None = None
+
+    def expire(self, tasks: Sequence[asyncio.Future[Any]]) -> None:
+        self.passed = True
+        for task in tasks:
+            task.cancel()
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+
+
+def _granted(reply: object) -> bool:
+    return isinstance(reply, int) and reply > 0
+
+
+def _true(result: object) -> bool:
+    return result is True
 
 
 class _RedlockWaiter:
