@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from ._backoff import Backoff
 from ._errors import BackendError
 from ._lock import Lease, Lock
+from ._stats import CoordinatorStats, Recorder
 from ._validate import check_name, check_timeout, check_ttl
 from ._wakeup import WakeSlot
 from ._watchdog import Watchdog
@@ -46,10 +47,14 @@ class Coordinator:
     ``Coordinator(backend)`` wraps a backend built from clients the application owns
     (they are not closed by :meth:`aclose`); :func:`connect` builds both from a URL.
     ``identity`` names this coordinator in ``inspect()`` results (default
-    ``host:pid:random``). Use it as an async context manager, or call :meth:`aclose`.
+    ``host:pid:random``). ``telemetry``: OpenTelemetry metrics and spans when
+    ``opentelemetry-api`` is installed (None, the default), never (False). Use it as an
+    async context manager, or call :meth:`aclose`.
     """
 
-    def __init__(self, backend: Backend, *, identity: str | None = None) -> None:
+    def __init__(
+        self, backend: Backend, *, identity: str | None = None, telemetry: bool | None = None
+    ) -> None:
         if not isinstance(backend, Backend):
             raise TypeError(
                 f"backend must be an asynclock.backends.Backend, got {type(backend).__name__}"
@@ -62,7 +67,8 @@ class Coordinator:
         self._tasks: set[asyncio.Task[None]] = set()
         # Wake-up slots of this coordinator's waiting acquires: woken by aclose().
         self._waiting: set[WakeSlot] = set()
-        self._watchdog = Watchdog(backend, self._spawn)
+        self._recorder = Recorder(type(backend).__name__, telemetry)
+        self._watchdog = Watchdog(backend, self._spawn, self._recorder)
         self._closed = False
 
     @property
@@ -136,6 +142,10 @@ class Coordinator:
     async def is_locked(self, name: str) -> bool:
         """True if someone holds ``name`` now."""
         return await self.inspect(name) is not None
+
+    def stats(self) -> CoordinatorStats:
+        """Counters since this coordinator began, gauges now, latency summaries."""
+        return self._recorder.snapshot(len(self._held))
 
     @property
     def held(self) -> list[Lease]:

@@ -11,6 +11,7 @@ import asyncio
 import enum
 import logging
 import secrets
+import time
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -174,6 +175,16 @@ class Lease:
 
     async def _release(self) -> bool:
         """Release on the server; True if it confirmed, False if the lock was not ours."""
+        tracer = self._coord._recorder.tracer
+        if tracer is None:
+            return await self._release_once()
+        with tracer.start_as_current_span(
+            "asynclock.release",
+            attributes={"asynclock.lock.name": self.name, "asynclock.lock.fence": self.fence},
+        ):
+            return await self._release_once()
+
+    async def _release_once(self) -> bool:
         coord = self._coord
         try:
             released = await coord.backend.release(self._claim)
@@ -194,12 +205,17 @@ class Lease:
     # -- state changes -----------------------------------------------------------------
 
     def _end(self, state: _State, reason: str = "") -> bool:
-        """Leave the HELD state; False if it had already been left."""
+        """Leave the HELD state (counted and logged); False if it had already been left."""
         if self._state is not _HELD:
             return False
         self._state = state
         self._reason = reason
-        self._coord._forget(self)
+        coord = self._coord
+        coord._forget(self)
+        if state is _RELEASED:
+            coord._recorder.released(self.name, self.fence)
+        else:
+            coord._recorder.lost(self.name, self.fence, reason)
         return True
 
     def _end_after_discard(self, released: bool) -> None:
@@ -213,7 +229,6 @@ class Lease:
         """Mark the lease lost: stop renewing, cancel the body, clean up on the server."""
         if not self._end(_LOST, reason):
             return
-        logger.warning("lease on %r (fence %d) lost: %s", self.name, self.fence, reason)
         task = self._task
         if self._cancel_on_lost and self._in_body and task is not None and not task.done():
             self._cancel_sent = True
@@ -239,6 +254,8 @@ class Lock:
     __slots__ = (
         "_coord",
         "_leases",
+        "_lost_error",
+        "_owner",
         "cancel_on_lost",
         "name",
         "renew",
@@ -259,9 +276,15 @@ class Lock:
         cancel_on_lost: bool,
         retry: Backoff,
         shared: bool,
+        owner: str | None = None,
+        lost_error: type[LockLost] = LockLost,
     ) -> None:
         self._coord = coord
         self.name = name
+        # Who holds it, as inspect() shows (default: the coordinator's identity), and
+        # what leaving a lost lease raises (elections raise LeadershipLost).
+        self._owner = owner
+        self._lost_error = lost_error
         self.ttl = ttl
         self.timeout = timeout
         self.renew = renew
@@ -282,20 +305,31 @@ class Lock:
         """
         coord = self._coord
         coord._check_open()
-        backend = coord.backend
-        clock = backend.clock
-        claim = Claim(self.name, secrets.token_hex(16), coord.identity, self.shared)
-        timeout = self.timeout
-        deadline = None if timeout is None else clock.now() + timeout
+        tracer = coord._recorder.tracer
+        if tracer is None:
+            return await self._acquire()
+        with tracer.start_as_current_span(
+            "asynclock.acquire",
+            attributes={
+                "asynclock.lock.name": self.name,
+                "asynclock.backend": coord._recorder.backend,
+            },
+        ) as span:
+            lease = await self._acquire()
+            span.set_attribute("asynclock.lock.fence", lease.fence)
+            return lease
 
-        start = clock.now()
-        attempt = await self._attempt(claim, deadline)
-        if attempt.fence is None:
-            if timeout == 0:
-                raise LockTimeout(f"lock {self.name!r} is held (timeout=0: tried once)")
-            if backend.native_wait:  # it waited in the server's queue already
-                raise LockTimeout(f"lock {self.name!r} not acquired within {timeout:g}s")
-            attempt, start = await self._wait(claim, deadline)
+    async def _acquire(self) -> Lease:
+        coord = self._coord
+        recorder = coord._recorder
+        claim = Claim(self.name, secrets.token_hex(16), self._owner or coord.identity, self.shared)
+        began = time.perf_counter()
+        recorder.started()
+        try:
+            attempt, start = await self._grant(claim)
+        except BaseException as exc:
+            recorder.failed(self.name, exc)
+            raise
         if attempt.start is not None:
             start = attempt.start
         assert attempt.fence is not None
@@ -310,7 +344,24 @@ class Lock:
             retry=self.retry,
         )
         coord._hold(lease, start)
+        recorder.acquired(self.name, lease.fence, time.perf_counter() - began)
         return lease
+
+    async def _grant(self, claim: Claim) -> tuple[Attempt, float]:
+        """Attempts until granted (or LockTimeout): the grant and when validity starts."""
+        backend = self._coord.backend
+        clock = backend.clock
+        timeout = self.timeout
+        deadline = None if timeout is None else clock.now() + timeout
+        start = clock.now()
+        attempt = await self._attempt(claim, deadline)
+        if attempt.fence is None:
+            if timeout == 0:
+                raise LockTimeout(f"lock {self.name!r} is held (timeout=0: tried once)")
+            if backend.native_wait:  # it waited in the server's queue already
+                raise LockTimeout(f"lock {self.name!r} not acquired within {timeout:g}s")
+            attempt, start = await self._wait(claim, deadline)
+        return attempt, start
 
     async def _wait(self, claim: Claim, deadline: float | None) -> tuple[Attempt, float]:
         """Try until granted; between attempts sleep until woken by a release, the
@@ -414,7 +465,9 @@ class Lock:
         The ``asyncio.timeout`` pattern: our cancel is ours only if ``uncancel()`` brings
         the task back to the count it had on entry.
         """
-        error = LockLost(f"lease on {self.name!r} (fence {lease.fence}) lost: {lease._reason}")
+        error = self._lost_error(
+            f"lease on {self.name!r} (fence {lease.fence}) lost: {lease._reason}"
+        )
         cancelled = isinstance(exc, asyncio.CancelledError)
         if not lease._cancel_sent or task is None:
             if cancelled:

@@ -18,10 +18,12 @@ import asyncio
 import heapq
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ._clock import Timer
+from ._stats import Recorder
 from .backends.base import Backend
 
 if TYPE_CHECKING:
@@ -45,8 +47,11 @@ class Watchdog:
     older entries of the lease are stale and skipped when popped.
     """
 
-    def __init__(self, backend: Backend, spawn: Callable[..., asyncio.Task[None]]) -> None:
+    def __init__(
+        self, backend: Backend, spawn: Callable[..., asyncio.Task[None]], recorder: Recorder
+    ) -> None:
         self._backend = backend
+        self._recorder = recorder
         self._clock = backend.clock
         self._spawn = spawn
         self._heap: list[tuple[float, int, Lease]] = []
@@ -148,6 +153,7 @@ class Watchdog:
     async def _renew(self, batch: list[Lease], start: float, bound: float) -> None:
         backend = self._backend
         results: list[bool | None]
+        sent = time.perf_counter()
         try:
             async with asyncio.timeout(max(bound, 0.0)):
                 results = await backend.extend_many([(lease._claim, lease.ttl) for lease in batch])
@@ -156,6 +162,12 @@ class Watchdog:
         except Exception:
             logger.exception("renewal of %d leases failed unexpectedly", len(batch))
             results = [None] * len(batch)
+        self._recorder.renewed(
+            sum(r is True for r in results),
+            sum(r is False for r in results),
+            sum(r is None for r in results),
+            time.perf_counter() - sent,
+        )
         now = self._clock.now()
         for lease, extended in zip(batch, results, strict=True):
             lease._renewing = False
