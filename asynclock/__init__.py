@@ -12,6 +12,8 @@
 from ._backoff import Backoff as Backoff
 from ._coordinator import Coordinator as Coordinator
 from ._coordinator import connect as connect
+from ._election import Election as Election
+from ._election import Term as Term
 from ._errors import BackendError as BackendError
 from ._errors import LeadershipLost as LeadershipLost
 from ._errors import LockError as LockError
@@ -21,6 +23,8 @@ from ._errors import LockTimeout as LockTimeout
 from ._errors import QuorumError as QuorumError
 from ._lock import Lease as Lease
 from ._lock import Lock as Lock
+from ._stats import CoordinatorStats as CoordinatorStats
+from ._stats import LatencySummary as LatencySummary
 from ._version import __version__ as __version__
 from .backends.base import LockInfo as LockInfo
 
@@ -28,6 +32,9 @@ __all__ = (
     "BackendError",
     "Backoff",
     "Coordinator",
+    "CoordinatorStats",
+    "Election",
+    "LatencySummary",
     "LeadershipLost",
     "Lease",
     "Lock",
@@ -37,6 +44,7 @@ __all__ = (
     "LockNotOwned",
     "LockTimeout",
     "QuorumError",
+    "Term",
     "__version__",
     "connect",
 )

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
-import socket
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, ParamSpec, Self, TypeVar
 from urllib.parse import urlsplit
 
+from . import _decorators
 from ._backoff import Backoff
+from ._election import Election, check_election, default_identity
 from ._errors import BackendError
 from ._lock import Lease, Lock
 from ._stats import CoordinatorStats, Recorder
@@ -30,15 +29,14 @@ __all__ = ("Coordinator", "connect")
 
 logger = logging.getLogger("asynclock")
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 _DEFAULT_RETRY = Backoff()
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 _SCHEMES = ("memory", *_REDIS_SCHEMES, "postgresql", "postgres")
 # How long aclose() waits for releases and clean-ups still in flight.
 _CLOSE_TIMEOUT = 5.0
-
-
-def _default_identity() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 class Coordinator:
@@ -62,7 +60,7 @@ class Coordinator:
         if identity is not None:
             check_name(identity, "identity")
         self._backend = backend
-        self.identity = identity or _default_identity()
+        self.identity = identity or default_identity()
         self._held: dict[Lease, None] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         # Wake-up slots of this coordinator's waiting acquires: woken by aclose().
@@ -132,6 +130,45 @@ class Coordinator:
             retry=retry,
             shared=shared,
         )
+
+    def election(
+        self,
+        name: str,
+        *,
+        ttl: float = 10.0,
+        identity: str | None = None,
+        retry: Backoff | None = None,
+    ) -> Election:
+        """Leader election ``name`` among every candidate that uses it.
+
+        ``ttl``: a term lasts that long without renewal (a crashed leader is replaced
+        within about ``ttl``); ``identity``: what :meth:`Election.leader` reports for this
+        candidate (default ``host:pid:random``); ``retry``: the backoff between attempts.
+        """
+        name, seconds, who = check_election(name, ttl, identity)
+        if retry is not None and not isinstance(retry, Backoff):
+            raise TypeError(f"retry must be an asynclock.Backoff, got {type(retry).__name__}")
+        return Election(self, name, ttl=seconds, identity=who, retry=retry or _DEFAULT_RETRY)
+
+    def singleton(
+        self, template: str, *, ttl: float = 60.0
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | None]]]:
+        """Decorate an ``async def`` to run only if no other call with the same lock name
+        is running (anywhere): otherwise the call is skipped and returns None.
+
+        The name comes from ``template`` formatted with the call's arguments, defaults
+        included (``"report:{day}"``); a field that is not a parameter of the function
+        is a ``ValueError`` when decorating.
+        """
+        return _decorators.singleton(self, template, ttl=ttl)
+
+    def locked(
+        self, template: str, *, ttl: float = 30.0, timeout: float | None = None
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+        """Decorate an ``async def`` to run under the lock named by ``template`` (formatted
+        with the call's arguments), waiting up to ``timeout`` for it (then
+        :class:`~asynclock.LockTimeout`)."""
+        return _decorators.locked(self, template, ttl=ttl, timeout=timeout)
 
     async def inspect(self, name: str) -> LockInfo | None:
         """Who holds ``name`` now (owner identity, seconds left, fence), or None if free."""

@@ -444,7 +444,7 @@ class Lock:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         task = asyncio.current_task()
         lease = self._leases.pop(task, None)
         if lease is None:
@@ -452,10 +452,8 @@ class Lock:
         lease._in_body = False
         if lease._state is _HELD:
             await lease._release()
-        if lease._state is not _LOST:
-            return False
-        await self._deliver_loss(lease, task, exc)
-        return False  # an outside cancel propagates
+        if lease._state is _LOST:
+            await self._deliver_loss(lease, task, exc)  # raises, unless an outside cancel
 
     async def _deliver_loss(
         self, lease: Lease, task: asyncio.Task[object] | None, exc: BaseException | None

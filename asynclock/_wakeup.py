@@ -10,11 +10,12 @@ without trying (cancelled, timed out) passes its wake-up to the next.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Hashable
 
 from ._clock import Clock
 
-__all__ = ("WakeHub", "WakeSlot")
+__all__ = ("Mailbox", "WakeHub", "WakeSlot")
 
 # Releases remembered per key while counting Redlock announcements.
 _RECENT_RELEASES = 16
@@ -144,3 +145,42 @@ class WakeHub:
     def keys(self) -> list[Hashable]:
         """Keys with at least one slot."""
         return list(self._slots)
+
+
+class Mailbox:
+    """Messages of a topic for one listener, in arrival order (elections' observers).
+
+    An empty message means "something may have been missed, look again" (sent after a
+    lost connection).
+    """
+
+    __slots__ = ("_fut", "_messages")
+
+    def __init__(self) -> None:
+        self._messages: deque[str] = deque()
+        self._fut: asyncio.Future[bool] | None = None
+
+    def put(self, message: str) -> None:
+        self._messages.append(message)
+        if self._fut is not None:
+            _resolve(self._fut, True)
+
+    async def get(self, clock: Clock, until: float | None) -> str | None:
+        """The next message, or None if ``until`` (on ``clock``) passes first."""
+        if not self._messages:
+            if until is not None and until <= clock.now():
+                return None
+            fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            self._fut = fut
+            timer = None
+            if until is not None:
+                timer = clock.call_at(until, lambda: _resolve(fut, False))
+            try:
+                await fut
+            finally:
+                self._fut = None
+                if timer is not None:
+                    timer.cancel()
+            if not self._messages:
+                return None
+        return self._messages.popleft()

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from .._clock import Clock, LoopClock
 from .._errors import BackendError
 from .._validate import check_number
-from .._wakeup import WakeSlot
+from .._wakeup import Mailbox, WakeSlot
 
 __all__ = ("Attempt", "Backend", "Claim", "LockInfo", "owner_of")
 
@@ -84,6 +84,11 @@ class LockInfo:
     owner: str
     expires_in: float
     fence: int
+
+
+@asynccontextmanager
+async def _silent_mailbox() -> AsyncIterator[Mailbox]:
+    yield Mailbox()
 
 
 class Backend(abc.ABC):
@@ -172,6 +177,18 @@ class Backend(abc.ABC):
         Entering registers (and, where it takes I/O, subscribes) *before* the caller's next
         attempt, so a release after that attempt is never missed; leaving unregisters.
         """
+
+    async def publish(self, topic: str, message: str) -> None:  # noqa: B027 - optional hook
+        """Send ``message`` to every listener of ``topic``, best effort.
+
+        Elections announce their leaders with it. A backend that cannot notify keeps this
+        no-op; observers then look again when the leader's lease could have ended.
+        """
+
+    def listen(self, topic: str) -> AbstractAsyncContextManager[Mailbox]:
+        """A mailbox that receives ``topic``'s messages from entering until leaving
+        (subscribed by the time ``__aenter__`` returns)."""
+        return _silent_mailbox()
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Close what the backend opened itself; clients passed in stay open."""

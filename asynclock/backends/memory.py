@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from .._clock import Clock
-from .._wakeup import WakeHub, WakeSlot
+from .._wakeup import Mailbox, WakeHub, WakeSlot
 from .base import Attempt, Backend, Claim, LockInfo, owner_of
 
 __all__ = ("MemoryBackend",)
@@ -30,13 +30,14 @@ class _Holder:
 class _Table:
     """Holders per name (several when shared), fences per name, and the waiters' hub."""
 
-    __slots__ = ("__weakref__", "exclusive", "fences", "holders", "hub")
+    __slots__ = ("__weakref__", "exclusive", "fences", "holders", "hub", "topics")
 
     def __init__(self) -> None:
         self.holders: dict[str, dict[str, _Holder]] = {}
         self.exclusive: dict[str, bool] = {}
         self.fences: dict[str, int] = {}
         self.hub = WakeHub()
+        self.topics: dict[str, set[Mailbox]] = {}
 
     def live(self, name: str, now: float) -> dict[str, _Holder] | None:
         """The unexpired holders of ``name`` (expired ones are dropped), or None if free."""
@@ -155,6 +156,27 @@ class MemoryBackend(Backend):
             yield slot
         finally:
             hub.unregister(slot)
+
+    async def publish(self, topic: str, message: str) -> None:
+        for mailbox in self._table.topics.get(topic, ()):
+            mailbox.put(message)
+
+    def listen(self, topic: str) -> AbstractAsyncContextManager[Mailbox]:
+        return self._listen(topic)
+
+    @asynccontextmanager
+    async def _listen(self, topic: str) -> AsyncIterator[Mailbox]:
+        mailbox = Mailbox()
+        topics = self._table.topics
+        topics.setdefault(topic, set()).add(mailbox)
+        try:
+            yield mailbox
+        finally:
+            listeners = topics.get(topic)
+            if listeners is not None:
+                listeners.discard(mailbox)
+                if not listeners:
+                    del topics[topic]
 
     def drop(self, name: str) -> bool:
         """Delete ``name``'s lock as if it had expired, without waking anyone.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -33,10 +34,11 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
+from .._backoff import Backoff
 from .._clock import Clock
 from .._errors import BackendError, map_backend_errors
 from .._validate import check_name
-from .._wakeup import WakeHub, WakeSlot
+from .._wakeup import Mailbox, WakeHub, WakeSlot
 from ..postgres import (
     DEFAULT_NAMESPACE,
     advisory_key,
@@ -264,6 +266,10 @@ class PostgresBackend(Backend):
         # Clean connections kept out of the pool between leases.
         self._idle: list[_Conn] = []
         self._keep = max(1, min(8, pool.get_max_size() // 4))
+        # LISTEN/NOTIFY for announcements: mailboxes by channel, one listening connection.
+        self._listeners: dict[str, set[Mailbox]] = {}
+        self._listen_conn: Any = None
+        self._listen_lock: asyncio.Lock | None = None
         # Connections on their way back to the pool after a cancelled give-back.
         self._background: set[asyncio.Future[None]] = set()
         self._idle_default = "0"
@@ -516,6 +522,112 @@ class PostgresBackend(Backend):
         finally:
             self._hub.unregister(slot)
 
+    # -- announcements (LISTEN/NOTIFY) -------------------------------------------------
+
+    def _topic_channel(self, topic: str) -> str:
+        # NOTIFY channels are identifiers: at most 63 bytes, so a digest of the topic.
+        digest = hashlib.sha256(self._key_prefix + topic.encode()).hexdigest()
+        return f"asynclock_{digest[:40]}"
+
+    async def publish(self, topic: str, message: str) -> None:
+        await self._statements()
+        with self._errors:
+            async with self._pool.acquire() as conn:
+                await conn.execute("SELECT pg_notify($1, $2)", self._topic_channel(topic), message)
+
+    def listen(self, topic: str) -> AbstractAsyncContextManager[Mailbox]:
+        return self._listen(topic)
+
+    @asynccontextmanager
+    async def _listen(self, topic: str) -> AsyncIterator[Mailbox]:
+        await self._statements()
+        channel = self._topic_channel(topic)
+        mailbox = Mailbox()
+        if self._listen_lock is None:
+            self._listen_lock = asyncio.Lock()
+        async with self._listen_lock:
+            listeners = self._listeners.setdefault(channel, set())
+            listeners.add(mailbox)
+            if len(listeners) == 1:
+                try:
+                    conn = await self._listening()
+                    with self._errors:
+                        await conn.add_listener(channel, self._on_notify)
+                except BaseException:
+                    listeners.discard(mailbox)
+                    del self._listeners[channel]
+                    raise
+        try:
+            yield mailbox
+        finally:
+            async with self._listen_lock:
+                listeners = self._listeners.get(channel, set())
+                listeners.discard(mailbox)
+                if not listeners:
+                    self._listeners.pop(channel, None)
+                    conn = self._listen_conn
+                    if conn is not None and not conn.is_closed():
+                        with contextlib.suppress(*_DRIVER_ERRORS):
+                            await conn.remove_listener(channel, self._on_notify)
+                    if not self._listeners:
+                        await self._stop_listening()
+
+    async def _listening(self) -> Any:
+        """The connection that LISTENs, taken out of the pool while anyone listens."""
+        if self._listen_conn is None or self._listen_conn.is_closed():
+            with self._errors:
+                conn = await self._pool.acquire()
+            conn.add_termination_listener(self._on_listen_lost)
+            self._listen_conn = conn
+        return self._listen_conn
+
+    async def _stop_listening(self) -> None:
+        conn, self._listen_conn = self._listen_conn, None
+        if conn is None:
+            return
+        try:
+            conn.remove_termination_listener(self._on_listen_lost)
+            await conn.execute("UNLISTEN *")
+            await asyncio.shield(self._pool.release(conn))
+        except Exception:
+            await self._terminate(conn)
+
+    def _on_notify(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        for mailbox in self._listeners.get(channel, ()):
+            mailbox.put(payload)
+
+    def _on_listen_lost(self, conn: Any) -> None:
+        """The LISTEN connection died: listeners look again, and we listen again."""
+        if conn is not self._listen_conn:
+            return
+        self._listen_conn = None
+        for mailboxes in self._listeners.values():
+            for mailbox in mailboxes:
+                mailbox.put("")
+        if self._listeners and not self._closing:
+            task = asyncio.ensure_future(self._relisten())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _relisten(self) -> None:
+        backoff = Backoff(initial=0.05, maximum=2.0)
+        for attempt in range(1_000_000):
+            if self._closing or not self._listeners:
+                return
+            try:
+                assert self._listen_lock is not None
+                async with self._listen_lock:
+                    conn = await self._listening()
+                    for channel in self._listeners:
+                        await conn.add_listener(channel, self._on_notify)
+            except (BackendError, *_DRIVER_ERRORS):
+                await asyncio.sleep(backoff.delay(attempt))
+                continue
+            for mailboxes in self._listeners.values():
+                for mailbox in mailboxes:
+                    mailbox.put("")
+            return
+
     async def aclose(self) -> None:
         self._closing = True
         # Whatever still waits in the server's queue (or was not released in time) ends
@@ -525,6 +637,8 @@ class PostgresBackend(Backend):
         idle, self._idle = self._idle, []
         for conn in idle:
             await self._to_pool(conn)
+        self._listeners.clear()
+        await self._stop_listening()
         if self._background:
             await asyncio.wait(set(self._background), timeout=5)
         if self._owns_pool and self._pool_started:

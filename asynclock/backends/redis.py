@@ -29,7 +29,7 @@ from .._backoff import Backoff
 from .._clock import Clock
 from .._errors import BackendError, map_backend_errors
 from .._validate import check_number
-from .._wakeup import WakeHub, WakeSlot
+from .._wakeup import Mailbox, WakeHub, WakeSlot
 from . import _scripts
 from .base import Attempt, Backend, Claim, LockInfo, owner_of
 
@@ -183,6 +183,10 @@ class RedisBackend(Backend):
         """The pub/sub channel that wakes waiters for ``name``."""
         return f"{self._prefix}:{{{name}}}:wake"
 
+    def topic_channel(self, topic: str) -> str:
+        """The pub/sub channel of a topic (an election's announcements)."""
+        return f"{self._prefix}:{{{topic}}}:news"
+
     # -- one node's operations (also the building blocks of Redlock) ------------------
 
     async def _eval(self, script: _scripts.Script, numkeys: int, *args: Any) -> Any:
@@ -296,6 +300,13 @@ class RedisBackend(Backend):
 
     def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
         return _Waiter(self._hub, self._subscriber, self.channel(name))
+
+    async def publish(self, topic: str, message: str) -> None:
+        with self._errors:
+            await self._link.execute("PUBLISH", self.topic_channel(topic), message)
+
+    def listen(self, topic: str) -> AbstractAsyncContextManager[Mailbox]:
+        return _Listener(self._subscriber, self.topic_channel(topic))
 
     async def aclose(self) -> None:
         await self._subscriber.aclose()
@@ -417,6 +428,35 @@ class _Waiter:
         await self._subscriber.unsubscribe(self._channel, confirm=exc_type is not None)
 
 
+class _Listener:
+    """``backend.listen(topic)``: a mailbox fed by the shared pub/sub connection."""
+
+    __slots__ = ("_channel", "_mailbox", "_subscriber")
+
+    def __init__(self, subscriber: _Subscriber, channel: str) -> None:
+        self._subscriber = subscriber
+        self._channel = channel
+        self._mailbox = Mailbox()
+
+    async def __aenter__(self) -> Mailbox:
+        self._subscriber.deliver(self._channel, self._mailbox)
+        try:
+            await self._subscriber.subscribe(self._channel)
+        except BaseException:
+            self._subscriber.undeliver(self._channel, self._mailbox)
+            raise
+        return self._mailbox
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._subscriber.undeliver(self._channel, self._mailbox)
+        await self._subscriber.unsubscribe(self._channel, confirm=False)
+
+
 class _Subscriber:
     """The coordinator's one pub/sub connection, and a reader task while anyone waits.
 
@@ -444,6 +484,8 @@ class _Subscriber:
         self._unconfirmed: dict[str, int] = {}
         # One entry per UNSUBSCRIBE sent, in order; a future where someone waits for it.
         self._unsubscribing: dict[str, deque[asyncio.Future[None] | None]] = {}
+        # Channels whose messages are delivered to mailboxes rather than waking waiters.
+        self._mailboxes: dict[str, set[Mailbox]] = {}
         self._conn: AbstractConnection | None = None
         self._opened: set[AbstractConnection] = set()
         self._reader: asyncio.Task[None] | None = None
@@ -451,6 +493,16 @@ class _Subscriber:
 
     def channels(self) -> list[str]:
         return list(self._refs)
+
+    def deliver(self, channel: str, mailbox: Mailbox) -> None:
+        self._mailboxes.setdefault(channel, set()).add(mailbox)
+
+    def undeliver(self, channel: str, mailbox: Mailbox) -> None:
+        mailboxes = self._mailboxes.get(channel)
+        if mailboxes is not None:
+            mailboxes.discard(mailbox)
+            if not mailboxes:
+                del self._mailboxes[channel]
 
     async def subscribe(self, channel: str) -> None:
         if self._closed:
@@ -619,7 +671,14 @@ class _Subscriber:
                 if done is not None and not done.done():
                     done.set_result(None)
         self._unsubscribing.clear()
+        self._wake_everyone()
+
+    def _wake_everyone(self) -> None:
+        """Messages may have been missed: waiters try again, listeners look again."""
         self._hub.notify_all()
+        for mailboxes in self._mailboxes.values():
+            for mailbox in mailboxes:
+                mailbox.put("")
 
     def _fail_waiting(self, exc: BaseException) -> None:
         """A connect failed: whoever waits for a subscription gets the error now."""
@@ -635,30 +694,42 @@ class _Subscriber:
         """Handle one reply; True when the server says nothing is subscribed any more."""
         kind = _text(reply[0])
         if kind == "message":
-            self._hub.announce(_text(reply[1]), reply[2])
+            self._on_message(_text(reply[1]), reply[2])
         elif kind == "subscribe":
-            channel = _text(reply[1])
-            left = self._unconfirmed.get(channel, 0) - 1
-            if left > 0:
-                self._unconfirmed[channel] = left
-            else:
-                self._unconfirmed.pop(channel, None)
-                ready = self._ready.get(channel)
-                if ready is not None and not ready.done():
-                    ready.set_result(None)
+            self._on_subscribed(_text(reply[1]))
         elif kind == "unsubscribe":
-            channel = _text(reply[1])
-            pending = self._unsubscribing.get(channel)
-            if pending:
-                done = pending.popleft()
-                if not pending:
-                    del self._unsubscribing[channel]
-                if done is not None and not done.done():
-                    done.set_result(None)
+            self._on_unsubscribed(_text(reply[1]))
             return int(reply[2]) == 0
         elif kind == "pong":
-            self._hub.notify_all()
+            self._wake_everyone()
         return False
+
+    def _on_message(self, channel: str, payload: bytes | str) -> None:
+        mailboxes = self._mailboxes.get(channel)
+        if mailboxes is None:
+            self._hub.announce(channel, payload)
+        else:
+            for mailbox in mailboxes:
+                mailbox.put(_text(payload))
+
+    def _on_subscribed(self, channel: str) -> None:
+        left = self._unconfirmed.get(channel, 0) - 1
+        if left > 0:
+            self._unconfirmed[channel] = left
+            return
+        self._unconfirmed.pop(channel, None)
+        ready = self._ready.get(channel)
+        if ready is not None and not ready.done():
+            ready.set_result(None)
+
+    def _on_unsubscribed(self, channel: str) -> None:
+        pending = self._unsubscribing.get(channel)
+        if pending:
+            done = pending.popleft()
+            if not pending:
+                del self._unsubscribing[channel]
+            if done is not None and not done.done():
+                done.set_result(None)
 
     async def aclose(self) -> None:
         self._closed = True

@@ -24,8 +24,8 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -34,7 +34,7 @@ from redis.asyncio import Redis
 from .._clock import Clock
 from .._errors import BackendError, QuorumError
 from .._validate import check_number
-from .._wakeup import WakeHub, WakeSlot
+from .._wakeup import Mailbox, WakeHub, WakeSlot
 from .base import Attempt, Backend, Claim, LockInfo, owner_of
 from .redis import Keys, RedisBackend, client_from_url
 
@@ -334,6 +334,37 @@ class RedlockBackend(Backend):
 
     def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
         return _RedlockWaiter(self, self._nodes[0].channel(name))
+
+    async def publish(self, topic: str, message: str) -> None:
+        # Every node that answers in time carries it; listeners hear it once per node
+        # (elections order announcements by term, so repeats are harmless).
+        await self._each(lambda node: node.publish(topic, message))
+
+    def listen(self, topic: str) -> AbstractAsyncContextManager[Mailbox]:
+        return self._listen(topic)
+
+    @asynccontextmanager
+    async def _listen(self, topic: str) -> AsyncIterator[Mailbox]:
+        mailbox = Mailbox()
+        channel = self._nodes[0].topic_channel(topic)
+        for node in self._nodes:
+            node._subscriber.deliver(channel, mailbox)
+        subscribed: list[RedisBackend] = []
+        try:
+            results = await self._each(lambda node: node._subscriber.subscribe(channel))
+            subscribed = [
+                node
+                for node, result in zip(self._nodes, results, strict=True)
+                if not isinstance(result, Exception)
+            ]
+            yield mailbox
+        finally:
+            for node in self._nodes:
+                node._subscriber.undeliver(channel, mailbox)
+            with contextlib.suppress(BackendError):
+                await self._each(
+                    lambda node: node._subscriber.unsubscribe(channel, confirm=False), subscribed
+                )
 
     async def aclose(self) -> None:
         if self._stragglers:  # each is bounded by node_timeout

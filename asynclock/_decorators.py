@@ -1,0 +1,105 @@
+"""``@coord.singleton(...)`` and ``@coord.locked(...)``: a lock around a coroutine function,
+named from the call's arguments."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import string
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from ._errors import LockTimeout
+
+if TYPE_CHECKING:
+    from ._coordinator import Coordinator
+
+__all__ = ("locked", "singleton")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _namer(
+    template: str, fn: Callable[..., Any]
+) -> Callable[[tuple[Any, ...], dict[str, Any]], str]:
+    """A function from a call's arguments to the lock name; checks the template now."""
+    if not isinstance(template, str):
+        raise TypeError(f"template must be a str, got {type(template).__name__}")
+    if not inspect.iscoroutinefunction(fn):
+        raise TypeError(f"{getattr(fn, '__qualname__', fn)!r} must be an async def function")
+    signature = inspect.signature(fn)
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValueError(f"template {template!r} is not a valid format string: {exc}") from None
+    for field in (field for _, field, _, _ in parsed if field is not None):
+        root = re.split(r"[.\[]", field, maxsplit=1)[0]
+        if not root or root.isdigit():
+            raise ValueError(
+                f"template {template!r}: name the parameters, as in '{{user_id}}', not "
+                f"'{{{field}}}'"
+            )
+        if root not in signature.parameters:
+            raise ValueError(
+                f"template {template!r} names {root!r}, which {fn.__qualname__}() does not "
+                f"take (its parameters: {', '.join(signature.parameters) or 'none'})"
+            )
+
+    def name_for(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return template.format(**bound.arguments)
+
+    return name_for
+
+
+def singleton(
+    coord: Coordinator, template: str, *, ttl: float = 60.0
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | None]]]:
+    """Run the function only if nobody else is running it for the same name; otherwise
+    skip the call and return None. See :meth:`Coordinator.singleton`."""
+    coord.lock("template-check", ttl=ttl)  # rejects a bad ttl now, at decoration
+
+    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R | None]]:
+        name_for = _namer(template, fn)
+
+        @functools.wraps(fn)
+        async def call(*args: P.args, **kwargs: P.kwargs) -> R | None:
+            lock = coord.lock(name_for(args, kwargs), ttl=ttl, timeout=0)
+            try:
+                await lock.__aenter__()
+            except LockTimeout:
+                return None  # someone else is at it
+            try:
+                result = await fn(*args, **kwargs)
+            except BaseException as exc:
+                await lock.__aexit__(type(exc), exc, exc.__traceback__)  # may raise LockLost
+                raise
+            await lock.__aexit__(None, None, None)
+            return result
+
+        return call
+
+    return decorate
+
+
+def locked(
+    coord: Coordinator, template: str, *, ttl: float = 30.0, timeout: float | None = None
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Wait for the lock named from the call's arguments, then run the function. See
+    :meth:`Coordinator.locked`."""
+    coord.lock("template-check", ttl=ttl, timeout=timeout)  # bad arguments fail now
+
+    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        name_for = _namer(template, fn)
+
+        @functools.wraps(fn)
+        async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            async with coord.lock(name_for(args, kwargs), ttl=ttl, timeout=timeout):
+                return await fn(*args, **kwargs)
+
+        return call
+
+    return decorate

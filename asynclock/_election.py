@@ -1,0 +1,226 @@
+"""Leader election on a lock: leadership is a lease, the term is its fence.
+
+The election ``NAME`` is the lock ``election:NAME``, held with the candidate's identity
+as owner. A new leader announces itself (``elected TERM IDENTITY``) on the backend's
+topic ``election:NAME`` and a resigning one says so (``resigned TERM IDENTITY``), so that
+``observe()`` follows changes without polling (Redis pub/sub, PostgreSQL LISTEN/NOTIFY,
+in-process for memory). A leader that crashes announces nothing: observers look again
+when its lease could have ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, NoReturn
+
+from ._backoff import Backoff
+from ._errors import BackendError, LeadershipLost, LockLost
+from ._lock import Lease, Lock
+from ._validate import MAX_NAME_BYTES, check_name, check_ttl
+
+if TYPE_CHECKING:
+    from ._coordinator import Coordinator
+
+__all__ = ("Election", "Term")
+
+logger = logging.getLogger("asynclock")
+
+_PREFIX = "election:"
+# A voluntary resignation waits this long before campaigning again, so that another
+# candidate gets its turn instead of the same leader winning again at once.
+_REST = 0.05
+
+
+def default_identity() -> str:
+    """``host:pid:random``: unique per process, readable in ``leader()``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """One term of leadership: ``fence`` is the term number, strictly increasing across
+    terms — pass it to the resources the leader writes to."""
+
+    name: str
+    identity: str
+    fence: int
+    lease: Lease = field(repr=False, compare=False)
+
+    @property
+    def expires_in(self) -> float:
+        """Seconds of local validity left in this term."""
+        return self.lease.expires_in
+
+
+class Election:
+    """Leader election among candidates that use the same ``name``.
+
+    Made by :meth:`Coordinator.election`. ``ttl`` is how long a term lasts without
+    renewal (a crashed leader is replaced within about that), ``identity`` what
+    :meth:`leader` reports for this candidate.
+    """
+
+    def __init__(
+        self, coord: Coordinator, name: str, *, ttl: float, identity: str, retry: Backoff
+    ) -> None:
+        self._coord = coord
+        self.name = name
+        self.ttl = ttl
+        self.identity = identity
+        self.retry = retry
+        self._lock_name = _PREFIX + name
+        self._topic = _PREFIX + name
+
+    def leadership(self) -> _Leadership:
+        """``async with election.leadership() as term:`` waits until this candidate leads.
+
+        The body is cancelled if leadership is lost, and the block then raises
+        :class:`LeadershipLost`. Leaving the block resigns.
+        """
+        return _Leadership(self)
+
+    async def leader(self) -> str | None:
+        """The identity of the current leader, or None."""
+        info = await self._coord.inspect(self._lock_name)
+        return None if info is None else info.owner
+
+    async def observe(self) -> AsyncIterator[str | None]:
+        """The current leader (None when there is none), then each change, in order."""
+        backend = self._coord.backend
+        clock = backend.clock
+        async with backend.listen(self._topic) as mailbox:
+            # Listening first, reading second: a change between the two is not missed.
+            info = await self._coord.inspect(self._lock_name)
+            leader = None if info is None else info.owner
+            term = 0 if info is None else info.fence
+            yield leader
+            expires = math.inf if info is None else info.expires_in
+            while True:
+                # Without news, look again when the leader's lease could have ended
+                # (a crashed leader says nothing), or after a ttl when there is none.
+                wait = expires if math.isfinite(expires) else self.ttl
+                message = await mailbox.get(clock, clock.now() + wait + 0.05)
+                seen = _parse(message) if message else None
+                if seen is None:  # a timeout, or "look again" after a lost connection
+                    info = await self._coord.inspect(self._lock_name)
+                    now_leader = None if info is None else info.owner
+                    now_term = 0 if info is None else info.fence
+                    expires = math.inf if info is None else info.expires_in
+                    if (now_leader, now_term) != (leader, term):
+                        changed = now_leader != leader
+                        leader, term = now_leader, now_term
+                        if changed:
+                            yield leader
+                    continue
+                kind, seen_term, identity = seen
+                if kind == "elected" and seen_term > term:
+                    term, expires = seen_term, self.ttl
+                    if identity != leader:
+                        leader = identity
+                        yield leader
+                elif kind == "resigned" and seen_term >= term and leader is not None:
+                    term, leader, expires = seen_term, None, math.inf
+                    yield None
+
+    async def run(self, callback: Callable[[Term], Awaitable[object]]) -> NoReturn:
+        """Campaign forever: lead, call ``callback(term)`` while leading, campaign again.
+
+        The callback is cancelled when leadership is lost; if it returns, this candidate
+        resigns and campaigns again. Backend errors are retried with the backoff.
+        Cancelling ``run()`` resigns and stops.
+        """
+        failures = 0
+        while True:
+            try:
+                async with self.leadership() as term:
+                    failures = 0
+                    await callback(term)
+                await asyncio.sleep(_REST)
+            except LockLost as exc:
+                logger.warning("leadership of %r lost: %s; campaigning again", self.name, exc)
+            except BackendError as exc:
+                delay = self.retry.delay(failures)
+                failures += 1
+                logger.warning("election %r: %s; campaigning again in %.2fs", self.name, exc, delay)
+                await asyncio.sleep(delay)
+
+    def __repr__(self) -> str:
+        return f"<Election {self.name!r} identity={self.identity!r} ttl={self.ttl:g}>"
+
+
+class _Leadership:
+    """``election.leadership()``: a lock whose lease is a term."""
+
+    __slots__ = ("_election", "_lock", "_terms")
+
+    def __init__(self, election: Election) -> None:
+        self._election = election
+        self._lock = Lock(
+            election._coord,
+            election._lock_name,
+            ttl=election.ttl,
+            timeout=None,
+            renew=True,
+            cancel_on_lost=True,
+            retry=election.retry,
+            shared=False,
+            owner=election.identity,
+            lost_error=LeadershipLost,
+        )
+        self._terms: dict[asyncio.Task[object] | None, Term] = {}
+
+    async def __aenter__(self) -> Term:
+        election = self._election
+        lease = await self._lock.__aenter__()
+        term = Term(election.name, election.identity, lease.fence, lease)
+        self._terms[asyncio.current_task()] = term
+        await self._announce("elected", term)
+        return term
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        term = self._terms.pop(asyncio.current_task(), None)
+        if term is not None and term.lease.held:
+            await self._announce("resigned", term)
+        await self._lock.__aexit__(exc_type, exc, tb)
+
+    async def _announce(self, kind: str, term: Term) -> None:
+        """Best effort: observers also look again on their own."""
+        election = self._election
+        with contextlib.suppress(BackendError):
+            await election._coord.backend.publish(
+                election._topic, f"{kind} {term.fence} {election.identity}"
+            )
+
+
+def _parse(message: str) -> tuple[str, int, str] | None:
+    kind, _, rest = message.partition(" ")
+    term, _, identity = rest.partition(" ")
+    if kind not in ("elected", "resigned") or not term.isdigit():
+        return None
+    return kind, int(term), identity
+
+
+def check_election(name: object, ttl: object, identity: object) -> tuple[str, float, str]:
+    """Validate ``coord.election()``'s arguments; the identity defaulted if None."""
+    name = check_name(name)
+    if len(name.encode()) > MAX_NAME_BYTES - len(_PREFIX):
+        raise ValueError(
+            f"election name must be at most {MAX_NAME_BYTES - len(_PREFIX)} UTF-8 bytes"
+        )
+    seconds = check_ttl(ttl)
+    who = default_identity() if identity is None else check_name(identity, "identity")
+    return name, seconds, who
