@@ -1,0 +1,261 @@
+"""FastAPI integration: a coordinator for the app's lifetime, per-request locks named from
+the path, and leader-only background tasks.
+
+::
+
+    from typing import Annotated
+
+    from fastapi import FastAPI
+
+    from asynclock import Lease
+    from asynclock.integrations.fastapi import FastAPILocks
+
+    locks = FastAPILocks("redis://127.0.0.1:6379/0")
+    app = FastAPI(lifespan=locks.lifespan)
+
+
+    @app.post("/invoices/{invoice_id}/pay")
+    async def pay(
+        invoice_id: int, lease: Annotated[Lease, locks.lock("invoice:{invoice_id}", ttl=30)]
+    ) -> dict[str, int]:
+        await charge(invoice_id, fence=lease.fence)  # one request per invoice at a time
+        return {"fence": lease.fence}
+
+
+    async def reconcile(term: Term) -> None:  # runs in one replica at a time
+        ...
+
+
+    locks.leader_task("reconciler", reconcile)
+
+A request that cannot get the lock within ``timeout`` is answered ``423 Locked`` with a
+``Retry-After`` header; see :mod:`asynclock.integrations` for every answer.
+
+Needs FastAPI 0.121 or later (``pip install 'asynclock[fastapi]'``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, Literal
+
+try:
+    from fastapi import HTTPException, Request, params
+    from fastapi.dependencies.models import Dependant
+    from fastapi.routing import APIRoute
+    from starlette.applications import Starlette
+    from starlette.routing import BaseRoute
+except ImportError as exc:
+    raise ImportError(
+        "asynclock.integrations.fastapi needs FastAPI: pip install 'asynclock[fastapi]' "
+        f"({exc})"
+    ) from exc
+
+from .._coordinator import Coordinator
+from .._lock import Lease
+from . import (
+    LeaderCallback,
+    _check_lock_options,
+    _check_target,
+    _hold,
+    _LeaderSpec,
+    _make_coordinator,
+    _Refusal,
+    _start_leaders,
+    _stop_leaders,
+    _Template,
+)
+
+__all__ = ("FastAPILocks",)
+
+DependencyScope = Literal["function", "request"]
+
+
+class FastAPILocks:
+    """asynclock for one FastAPI app: its coordinator, lock dependencies and leader tasks.
+
+    ``FastAPILocks(url, **connect_options)`` connects at startup with
+    :func:`asynclock.connect` (a URL, or a list of Redis URLs for Redlock) and closes that
+    coordinator at shutdown; ``FastAPILocks(coordinator)`` uses a coordinator the
+    application owns and never closes it. Pass :meth:`lifespan` to
+    ``FastAPI(lifespan=...)``, or enter it from the app's own lifespan::
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            async with locks.lifespan(app):
+                ...  # the app's own start-up; locks.coordinator is usable here
+                yield
+
+    One instance serves one running app at a time. Raises ``TypeError`` for a target
+    that is neither, or for connect options given with a coordinator.
+    """
+
+    def __init__(self, target: str | Sequence[str] | Coordinator, /, **connect_options: Any):
+        _check_target(target, connect_options)
+        self._target = target
+        self._options = dict(connect_options)
+        self._coord: Coordinator | None = None
+        self._running = False
+        self._leaders: list[_LeaderSpec] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        # Every lock dependency made here, with its template: checked against the
+        # routes at startup.
+        self._templates: dict[Callable[..., Any], _Template] = {}
+
+    @property
+    def coordinator(self) -> Coordinator:
+        """The running app's :class:`~asynclock.Coordinator`.
+
+        Raises ``RuntimeError`` before startup and after shutdown.
+        """
+        if self._coord is None:
+            raise RuntimeError(
+                "FastAPILocks is not running: pass locks.lifespan to FastAPI(lifespan=...) "
+                "or enter it in the app's own lifespan; the coordinator exists from startup "
+                "to shutdown"
+            )
+        return self._coord
+
+    async def get_coordinator(self) -> Coordinator:
+        """A dependency giving the coordinator to a handler:
+        ``coord: Annotated[Coordinator, Depends(locks.get_coordinator)]``."""
+        return self.coordinator
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """The app's lifespan: connect (when built from a URL), start the leader tasks,
+        and at shutdown cancel them (each resigns) and close what was connected.
+
+        At startup, every lock dependency used by a route registered on the app (or on
+        a mounted app) is checked against that route's path parameters: a template field
+        the route lacks raises ``ValueError`` and the app does not start. Routes of
+        included routers are checked at their first request instead (FastAPI keeps them
+        behind a private structure).
+        """
+        if self._running:
+            raise RuntimeError("this FastAPILocks is already running an app")
+        self._check_routes(app.routes, frozenset())
+        coord, owned = _make_coordinator(self._target, self._options)
+        if coord.closed:
+            raise RuntimeError("the Coordinator given to FastAPILocks was closed")
+        self._running = True
+        self._coord = coord
+        try:
+            self._tasks = _start_leaders(coord, self._leaders)
+            yield
+        finally:
+            try:
+                await _stop_leaders(self._tasks)
+            finally:
+                self._tasks = []
+                self._coord = None
+                self._running = False
+                if owned:
+                    await coord.aclose()
+
+    def lock(
+        self,
+        template: str,
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = 5.0,
+        scope: DependencyScope = "function",
+    ) -> params.Depends:
+        """A dependency that holds the lock named by ``template`` for the request and
+        gives the handler its :class:`~asynclock.Lease`.
+
+        Use it as ``lease: Annotated[Lease, locks.lock("invoice:{invoice_id}")]`` or in
+        ``dependencies=[locks.lock(...)]``. ``template`` is formatted with the request's
+        path parameters as Starlette gives them: strings, unless the path declares a
+        converter (``/invoices/{invoice_id:int}`` makes ``/invoices/042`` and
+        ``/invoices/42`` one lock; without it they are two). ``ttl`` and ``timeout`` are
+        :meth:`Coordinator.lock`'s; the lease is renewed while held.
+
+        ``scope`` is when the lock is released (FastAPI's ``Depends(scope=...)``):
+
+        - ``"function"`` (default): when the path operation function returns, *before*
+          the response is sent. A client that got its response can send the next request
+          at once and never find the lock still held by its previous one; a
+          ``StreamingResponse`` body and background tasks run outside the lock.
+        - ``"request"``: after the response was sent (and its background tasks ran): the
+          lock also covers a streamed body, and is held while a slow client reads.
+
+        The lock is held by the request's task: when the lease is lost, the handler is
+        cancelled and the request answered 503. A sync ``def`` handler runs in a thread,
+        which cannot be cancelled: use ``async def``. Raises ``TypeError``/``ValueError``
+        now for a bad template (only named fields), ``ttl``, ``timeout`` or ``scope``.
+        """
+        parsed = _Template(template)
+        ttl, timeout = _check_lock_options(ttl, timeout)
+        if scope not in ("function", "request"):
+            raise ValueError(f"scope must be 'function' or 'request', got {scope!r}")
+
+        async def hold_lock(request: Request) -> AsyncIterator[Lease]:
+            coord = self.coordinator
+            route = request.scope.get("route")
+            where = f"route {getattr(route, 'path', request.url.path)!r}"
+            name = parsed.format(request.path_params, where)
+            try:
+                async with _hold(coord, name, ttl=ttl, timeout=timeout) as lease:
+                    yield lease
+            except _Refusal as refusal:
+                raise HTTPException(
+                    refusal.status, refusal.detail, refusal.headers or None
+                ) from refusal.__cause__
+
+        hold_lock.__qualname__ = hold_lock.__name__ = f"asynclock_lock[{template}]"
+        self._templates[hold_lock] = parsed
+        return params.Depends(hold_lock, scope=scope)
+
+    def leader_task(
+        self,
+        name: str,
+        callback: LeaderCallback,
+        *,
+        ttl: float = 10.0,
+        identity: str | None = None,
+    ) -> None:
+        """Run ``callback`` in one app instance at a time among all that use election
+        ``name``: at startup a task runs ``coord.election(name, ttl=ttl,
+        identity=identity).run(callback)`` (campaign, call ``callback(term)`` while
+        leading, campaign again after a loss); at shutdown it is cancelled, which
+        resigns. A callback that raises stops its task (logged on the ``asynclock``
+        logger); it is not restarted.
+
+        Raises ``RuntimeError`` once the app runs, ``TypeError``/``ValueError`` for bad
+        arguments.
+        """
+        if self._running:
+            raise RuntimeError("register leader tasks before the app starts")
+        self._leaders.append(_LeaderSpec.make(name, callback, ttl, identity))
+
+    def _check_routes(self, routes: Iterable[BaseRoute], inherited: frozenset[str]) -> None:
+        for route in routes:
+            names = inherited | frozenset(getattr(route, "param_convertors", None) or ())
+            if isinstance(route, APIRoute):
+                for template in self._templates_of(route.dependant):
+                    missing = template.missing(names)
+                    if missing:
+                        raise ValueError(
+                            f"route {route.path!r}: lock template {template} needs path "
+                            f"parameter(s) {', '.join(map(repr, missing))}, which the route "
+                            f"does not have (its path parameters: "
+                            f"{', '.join(map(repr, sorted(names))) or 'none'})"
+                        )
+                continue
+            children = getattr(route, "routes", None)  # Mount and Host
+            if isinstance(children, list):
+                self._check_routes(children, names)
+
+    def _templates_of(self, dependant: Dependant) -> Iterable[_Template]:
+        for sub in dependant.dependencies:
+            if sub.call is not None and sub.call in self._templates:
+                yield self._templates[sub.call]
+            yield from self._templates_of(sub)
+
+    def __repr__(self) -> str:
+        state = repr(self._coord) if self._coord is not None else "not running"
+        leaders = [spec.name for spec in self._leaders]
+        return f"<FastAPILocks {state} leader_tasks={leaders}>"

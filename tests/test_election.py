@@ -1,0 +1,234 @@
+"""Leader election on every backend: one leader, term fences, observe(), run()."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+import asynclock
+from asynclock import LeadershipLost, Term
+from asynclock.backends import (
+    Backend,
+    MemoryBackend,
+    PostgresBackend,
+    RedisBackend,
+    RedlockBackend,
+)
+from asynclock.postgres import lock_ids
+from asynclock.testing import ManualClock
+
+from .conftest import MakeCoord, eventually
+
+
+async def take_away(backend: Backend, name: str) -> None:
+    """End the holder's lease on the server behind its back."""
+    if isinstance(backend, MemoryBackend):
+        backend.drop(name)
+    elif isinstance(backend, RedisBackend):
+        await backend.client.delete(backend.keys(name).lock)
+    elif isinstance(backend, RedlockBackend):
+        for node in backend.nodes:
+            await node.client.delete(node.keys(name).lock)
+    elif isinstance(backend, PostgresBackend):
+        classid, objid = lock_ids(backend.key(name))
+        async with backend.pool.acquire() as conn:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+                "AND classid = $1 AND objid = $2 AND objsubid = 1",
+                classid,
+                objid,
+            )
+
+
+async def collect(observer: AsyncIterator[str | None], into: list[str | None]) -> None:
+    async for leader in observer:
+        into.append(leader)
+
+
+class TestLeadership:
+    async def test_one_leader_and_increasing_terms(self, make_coord: MakeCoord) -> None:
+        """Three candidates take turns: one leads at a time, terms grow, leader() knows."""
+        coords = [make_coord() for _ in range(3)]
+        elections = [c.election("sched", ttl=5, identity=f"node-{i}") for i, c in enumerate(coords)]
+        leading: list[str] = []
+        most = 0
+        terms: list[int] = []
+
+        async def campaign(election: asynclock.Election) -> None:
+            nonlocal most
+            for _ in range(3):
+                async with election.leadership() as term:
+                    leading.append(term.identity)
+                    most = max(most, len(leading))
+                    terms.append(term.fence)
+                    assert await election.leader() == election.identity
+                    await asyncio.sleep(0.01)
+                    leading.remove(term.identity)
+
+        await asyncio.gather(*(campaign(e) for e in elections))
+        assert most == 1
+        assert terms == sorted(terms)
+        assert len(set(terms)) == 9
+        assert await elections[0].leader() is None
+
+    async def test_lost_leadership_raises_leadership_lost(self, make_coord: MakeCoord) -> None:
+        """A leader whose lease is taken from it is cancelled with LeadershipLost."""
+        coord = make_coord()
+        election = coord.election("lost", ttl=0.6, identity="me")
+        with pytest.raises(LeadershipLost):
+            async with election.leadership():
+                await take_away(coord.backend, "election:lost")
+                await asyncio.sleep(5)
+
+    async def test_identity_and_validation(self, make_coord: MakeCoord) -> None:
+        """Identity defaults to host:pid:random; bad arguments fail at the call."""
+        coord = make_coord()
+        assert coord.election("x").identity.count(":") == 2
+        with pytest.raises(ValueError, match="ttl"):
+            coord.election("x", ttl=0)
+        with pytest.raises(TypeError):
+            coord.election(42)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="identity"):
+            coord.election("x", identity="")
+
+
+class TestObserve:
+    async def test_observe_follows_every_change_in_order(self, make_coord: MakeCoord) -> None:
+        """observe() yields the current leader first, then each change in order, even
+        when leaders follow each other fast."""
+        watcher, candidate = make_coord(), make_coord()
+        seen: list[str | None] = []
+        observer = asyncio.create_task(collect(watcher.election("fast").observe(), seen))
+        assert await eventually(lambda: seen == [None])
+        expected = []
+        for i in range(8):
+            election = candidate.election("fast", ttl=5, identity=f"leader-{i}")
+            async with election.leadership():
+                expected.append(f"leader-{i}")
+        assert await eventually(lambda: len([s for s in seen if s]) == 8, within=5)
+        observer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await observer
+        assert [s for s in seen if s is not None] == expected
+        assert seen[0] is None
+        # Every leader resigned, so a None follows each of them.
+        assert seen == [None] + [x for name in expected for x in (name, None)]
+
+    async def test_observe_starts_with_the_current_leader(self, make_coord: MakeCoord) -> None:
+        """An observer that starts while someone leads sees that leader first."""
+        leader_coord, watcher = make_coord(), make_coord()
+        seen: list[str | None] = []
+        async with leader_coord.election("now", identity="incumbent").leadership():
+            observer = asyncio.create_task(collect(watcher.election("now").observe(), seen))
+            assert await eventually(lambda: seen == ["incumbent"])
+        assert await eventually(lambda: seen == ["incumbent", None])
+        observer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await observer
+
+
+class TestRun:
+    async def test_run_leads_then_resigns_when_cancelled(self, make_coord: MakeCoord) -> None:
+        """run() calls the callback while leading; cancelling run() resigns."""
+        coord, watcher = make_coord(), make_coord()
+        election = coord.election("runner", ttl=5, identity="runner")
+        terms: list[Term] = []
+        leading = asyncio.Event()
+
+        async def callback(term: Term) -> None:
+            terms.append(term)
+            leading.set()
+            await asyncio.sleep(3600)
+
+        task = asyncio.create_task(election.run(callback))
+        await asyncio.wait_for(leading.wait(), 5)
+        assert await watcher.election("runner").leader() == "runner"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await watcher.election("runner").leader() is None
+        assert terms[0].name == "runner"
+
+    async def test_run_campaigns_again_after_the_callback_returns(
+        self, make_coord: MakeCoord
+    ) -> None:
+        """A callback that returns resigns; run() campaigns again and leads again."""
+        coord = make_coord()
+        election = coord.election("again", ttl=5, identity="again")
+        terms: list[int] = []
+
+        async def callback(term: Term) -> None:
+            terms.append(term.fence)
+
+        task = asyncio.create_task(election.run(callback))
+        assert await eventually(lambda: len(terms) >= 3, within=5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert terms == sorted(terms)
+
+    async def test_two_runners_one_leads(self, make_coord: MakeCoord) -> None:
+        """Two campaigners: exactly one callback runs; when it stops, the other takes over."""
+        a, b = make_coord(), make_coord()
+        running: list[str] = []
+
+        def campaign(coord: asynclock.Coordinator, who: str) -> asyncio.Task[None]:
+            async def callback(term: Term) -> None:
+                running.append(who)
+                try:
+                    await asyncio.sleep(3600)
+                finally:
+                    running.remove(who)
+
+            return asyncio.create_task(coord.election("pair", ttl=5, identity=who).run(callback))
+
+        first = campaign(a, "a")
+        second = campaign(b, "b")
+        assert await eventually(lambda: len(running) == 1)
+        await asyncio.sleep(0.3)
+        assert len(running) == 1
+        leader_task, other = (first, "b") if running == ["a"] else (second, "a")
+        leader_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await leader_task
+        assert await eventually(lambda: running == [other], within=5)
+        for task in (first, second):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class TestOnAManualClock:
+    async def test_crashed_leader_is_noticed_after_its_ttl(self) -> None:
+        """A leader that stops renewing (frozen, crashed) announces nothing; an observer
+        notices once its TTL could have run out."""
+        clock = ManualClock()
+        backend = MemoryBackend(clock=clock)
+        async with asynclock.Coordinator(backend) as coord:
+            election = coord.election("crash", ttl=10, identity="old")
+            entered = asyncio.Event()
+
+            async def lead() -> None:
+                async with election.leadership() as term:
+                    term.lease._renew = False  # as if its process had frozen
+                    coord._watchdog.reschedule(term.lease, term.lease._valid_until)
+                    entered.set()
+                    await asyncio.sleep(3600)
+
+            leader = asyncio.create_task(lead())
+            await entered.wait()
+            seen: list[str | None] = []
+            observer = asyncio.create_task(collect(coord.election("crash").observe(), seen))
+            await clock.settle()
+            assert seen == ["old"]
+            backend.drop("election:crash")  # the server forgets it, no announcement
+            await clock.advance(11)
+            assert seen == ["old", None]
+            with pytest.raises(LeadershipLost):
+                await leader
+            observer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await observer
