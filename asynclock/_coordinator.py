@@ -270,7 +270,8 @@ class Coordinator:
             except (BackendError, TimeoutError) as exc:
                 delay = backoff.delay(attempt)
                 attempt += 1
-                if loop.time() + delay >= give_up:
+                if self._closed or loop.time() + delay >= give_up:
+                    # Closing: one failed try is enough, the TTL ends what is left.
                     logger.info(
                         "could not release %r on the server (%s); its TTL ends it", claim.name, exc
                     )

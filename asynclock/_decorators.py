@@ -15,32 +15,49 @@ from ._errors import LockTimeout
 if TYPE_CHECKING:
     from ._coordinator import Coordinator
 
-__all__ = ("locked", "singleton")
+__all__ = ("locked", "singleton", "template_fields")
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _namer(
-    template: str, fn: Callable[..., Any]
-) -> Callable[[tuple[Any, ...], dict[str, Any]], str]:
-    """A function from a call's arguments to the lock name; checks the template now."""
+Namer = Callable[[tuple[Any, ...], dict[str, Any]], str]
+
+
+def template_fields(template: object, *, what: str = "parameters") -> frozenset[str]:
+    """The names a lock-name template uses (``{user_id}``, ``{order.id}`` -> ``order``).
+
+    Raises ``TypeError`` for a non-str, ``ValueError`` for an empty or malformed template
+    or a positional field (``{}``, ``{0}``): lock names come from named ``what``.
+    """
     if not isinstance(template, str):
         raise TypeError(f"template must be a str, got {type(template).__name__}")
-    if not inspect.iscoroutinefunction(fn):
-        raise TypeError(f"{getattr(fn, '__qualname__', fn)!r} must be an async def function")
-    signature = inspect.signature(fn)
+    if not template:
+        raise ValueError("template must not be empty")
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
         raise ValueError(f"template {template!r} is not a valid format string: {exc}") from None
-    for field in (field for _, field, _, _ in parsed if field is not None):
+    fields: set[str] = set()
+    for _, field, _, _ in parsed:
+        if field is None:
+            continue
         root = re.split(r"[.\[]", field, maxsplit=1)[0]
         if not root or root.isdigit():
             raise ValueError(
-                f"template {template!r}: name the parameters, as in '{{user_id}}', not "
-                f"'{{{field}}}'"
+                f"template {template!r}: name the {what}, as in '{{user_id}}', not '{{{field}}}'"
             )
+        fields.add(root)
+    return frozenset(fields)
+
+
+def _namer(template: str, fn: Callable[..., Any]) -> Namer:
+    """A function from a call's arguments to the lock name; checks the template now."""
+    fields = template_fields(template)
+    if not inspect.iscoroutinefunction(fn):
+        raise TypeError(f"{getattr(fn, '__qualname__', fn)!r} must be an async def function")
+    signature = inspect.signature(fn)
+    for root in sorted(fields):
         if root not in signature.parameters:
             raise ValueError(
                 f"template {template!r} names {root!r}, which {fn.__qualname__}() does not "

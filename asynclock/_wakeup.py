@@ -47,17 +47,7 @@ class WakeSlot:
             return True
         if until is not None and until <= clock.now():
             return False
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._fut = fut
-        timer = None
-        if until is not None:
-            timer = clock.call_at(until, lambda: _resolve(fut, False))
-        try:
-            woke = await fut
-        finally:
-            self._fut = None
-            if timer is not None:
-                timer.cancel()
+        woke = await _park(self, clock, until)
         # A wake-up that raced the timer is still recorded in ``woken``: consume it either way.
         woke = woke or self.woken
         self.woken = False
@@ -65,6 +55,20 @@ class WakeSlot:
 
     def __repr__(self) -> str:
         return f"<WakeSlot {self.key!r} woken={self.woken}>"
+
+
+async def _park(holder: WakeSlot | Mailbox, clock: Clock, until: float | None) -> bool:
+    """Wait on a new future kept in ``holder._fut``: True when resolved by a wake-up or a
+    message, False when ``until`` passes on ``clock``."""
+    fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    holder._fut = fut
+    timer = None if until is None else clock.call_at(until, lambda: _resolve(fut, False))
+    try:
+        return await fut
+    finally:
+        holder._fut = None
+        if timer is not None:
+            timer.cancel()
 
 
 def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
@@ -170,17 +174,7 @@ class Mailbox:
         if not self._messages:
             if until is not None and until <= clock.now():
                 return None
-            fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-            self._fut = fut
-            timer = None
-            if until is not None:
-                timer = clock.call_at(until, lambda: _resolve(fut, False))
-            try:
-                await fut
-            finally:
-                self._fut = None
-                if timer is not None:
-                    timer.cancel()
+            await _park(self, clock, until)
             if not self._messages:
                 return None
         return self._messages.popleft()

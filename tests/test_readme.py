@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -56,6 +57,36 @@ async def test_key_sql_matches_the_library(asynclock_postgres_dsn: str) -> None:
     finally:
         await conn.close()
     assert advisory_key("invoice:42") == expected
+
+
+def test_scheduler_example_runs() -> None:
+    """examples/scheduler.py leads, runs its job and resigns (memory://, 2 seconds)."""
+    done = subprocess.run(  # noqa: S603 - our own example, run with our own interpreter
+        [sys.executable, str(ROOT / "examples" / "scheduler.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "SCHEDULER_SECONDS": "2"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "leading, term 1" in done.stdout
+    assert "job #1 under term 1" in done.stdout
+
+
+@pytest.mark.parametrize("example", ["fastapi_service.py", "aiohttp_service.py"])
+def test_service_examples_serve(example: str) -> None:
+    """The web examples import and build their application (memory://)."""
+    code = (
+        "import runpy, sys; sys.argv = ['x'];"
+        f"ns = runpy.run_path({str(ROOT / 'examples' / example)!r}, run_name='example');"
+        "print(sorted(k for k in ns if k in ('app', 'make_app')))"
+    )
+    done = subprocess.run(  # noqa: S603 - our own example, run with our own interpreter
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "app" in done.stdout
 
 
 def test_ci_runs_the_readme_test_command() -> None:

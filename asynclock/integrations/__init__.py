@@ -25,13 +25,12 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
-import string
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .._coordinator import Coordinator, connect
+from .._decorators import template_fields
 from .._election import Election, Term, check_election
 from .._errors import BackendError, LockLost, LockTimeout
 from .._lock import Lease
@@ -64,27 +63,8 @@ class _Template:
     __slots__ = ("fields", "text")
 
     def __init__(self, template: object) -> None:
-        if not isinstance(template, str):
-            raise TypeError(f"template must be a str, got {type(template).__name__}")
-        if not template:
-            raise ValueError("template must not be empty")
-        try:
-            parsed = list(string.Formatter().parse(template))
-        except ValueError as exc:
-            raise ValueError(f"template {template!r} is not a valid format string: {exc}") from None
-        fields: set[str] = set()
-        for _, field, _, _ in parsed:
-            if field is None:
-                continue
-            root = re.split(r"[.\[]", field, maxsplit=1)[0]
-            if not root or root.isdigit():
-                raise ValueError(
-                    f"template {template!r}: name the path parameters, as in "
-                    f"'{{invoice_id}}', not '{{{field}}}'"
-                )
-            fields.add(root)
-        self.text = template
-        self.fields = frozenset(fields)
+        self.fields = template_fields(template, what="path parameters")
+        self.text = str(template)
 
     def missing(self, available: Iterable[str]) -> list[str]:
         """The fields that ``available`` path parameter names do not provide, sorted."""
@@ -189,9 +169,7 @@ class _LeaderSpec:
     identity: str | None
 
     @classmethod
-    def make(
-        cls, name: object, callback: object, ttl: object, identity: object
-    ) -> _LeaderSpec:
+    def make(cls, name: object, callback: object, ttl: object, identity: object) -> _LeaderSpec:
         """Validate the arguments now, so that a mistake fails at registration."""
         if not callable(callback):
             raise TypeError(

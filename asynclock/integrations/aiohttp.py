@@ -44,8 +44,7 @@ try:
     from aiohttp import hdrs, web
 except ImportError as exc:
     raise ImportError(
-        "asynclock.integrations.aiohttp needs aiohttp: pip install 'asynclock[aiohttp]' "
-        f"({exc})"
+        f"asynclock.integrations.aiohttp needs aiohttp: pip install 'asynclock[aiohttp]' ({exc})"
     ) from exc
 
 from .._coordinator import Coordinator
@@ -143,7 +142,8 @@ def leader_task(
     election ``name``: at startup a task runs ``coord.election(name, ttl=ttl,
     identity=identity).run(callback)`` (campaign, call ``callback(term)`` while leading,
     campaign again after a loss); at cleanup it is cancelled, which resigns. A callback
-    that raises stops its task (logged on the ``asynclock`` logger); it is not restarted.
+    that returns resigns and campaigns again; one that raises stops its task (logged on
+    the ``asynclock`` logger) and is not restarted.
 
     Raises ``RuntimeError`` before :func:`setup` or once the app has started,
     ``TypeError``/``ValueError`` for bad arguments.

@@ -49,8 +49,7 @@ try:
     from starlette.routing import BaseRoute
 except ImportError as exc:
     raise ImportError(
-        "asynclock.integrations.fastapi needs FastAPI: pip install 'asynclock[fastapi]' "
-        f"({exc})"
+        f"asynclock.integrations.fastapi needs FastAPI: pip install 'asynclock[fastapi]' ({exc})"
     ) from exc
 
 from .._coordinator import Coordinator
@@ -68,8 +67,10 @@ from . import (
     _Template,
 )
 
-__all__ = ("FastAPILocks",)
+__all__ = ("DependencyScope", "FastAPILocks")
 
+#: When a lock dependency releases: ``"function"`` (before the response is sent) or
+#: ``"request"`` (after it was sent); see :meth:`FastAPILocks.lock`.
 DependencyScope = Literal["function", "request"]
 
 
@@ -92,7 +93,9 @@ class FastAPILocks:
     that is neither, or for connect options given with a coordinator.
     """
 
-    def __init__(self, target: str | Sequence[str] | Coordinator, /, **connect_options: Any):
+    def __init__(
+        self, target: str | Sequence[str] | Coordinator, /, **connect_options: Any
+    ) -> None:
         _check_target(target, connect_options)
         self._target = target
         self._options = dict(connect_options)
@@ -221,8 +224,8 @@ class FastAPILocks:
         ``name``: at startup a task runs ``coord.election(name, ttl=ttl,
         identity=identity).run(callback)`` (campaign, call ``callback(term)`` while
         leading, campaign again after a loss); at shutdown it is cancelled, which
-        resigns. A callback that raises stops its task (logged on the ``asynclock``
-        logger); it is not restarted.
+        resigns. A callback that returns resigns and campaigns again; one that raises
+        stops its task (logged on the ``asynclock`` logger) and is not restarted.
 
         Raises ``RuntimeError`` once the app runs, ``TypeError``/``ValueError`` for bad
         arguments.
