@@ -4,6 +4,7 @@ safety, transaction locks, and the name-to-key mapping."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -124,8 +125,9 @@ class TestSessionLocks:
             assert lease.fence > fence
             await lease.release()
         finally:
-            holder.kill()
-            os.kill(holder.pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                holder.kill()
+                os.kill(holder.pid, signal.SIGCONT)
             await holder.wait()
 
     async def test_terminated_session_cancels_the_body(

@@ -367,3 +367,62 @@ class TestClientsAndSecrets:
                 assert info is not None
                 assert info.fence == lease.fence
             assert "unix://" in repr(coord)
+
+
+class TestPipelinedConnection:
+    """The one pipelined connection per node that carries asynclock's commands."""
+
+    async def test_killed_connection_fails_only_what_was_in_flight(
+        self, redis_coord: asynclock.Coordinator, raw: Redis
+    ) -> None:
+        """CLIENT KILL of every other connection: a held lease is kept (the next extend
+        reconnects), and new acquires and the release work without the caller retrying."""
+        lease = await redis_coord.lock("killed", ttl=30).acquire()
+        assert await raw.client_kill_filter(_type="normal", skipme=True) >= 1
+        await lease.extend(30)  # would raise BackendError if the dead connection stuck
+        second = await redis_coord.lock("killed-2").acquire()
+        assert second.fence > 0
+        await second.release()
+        await lease.release()
+        assert await redis_coord.inspect("killed") is None
+
+    async def test_many_requests_in_flight_each_get_their_own_answer(
+        self, redis_coord: asynclock.Coordinator, raw: Redis, namespace: str
+    ) -> None:
+        """Hundreds of acquires pipelined on one connection: replies are matched to
+        requests in order, so every lease's fence is the one stored under its own key."""
+        locks = [redis_coord.lock(f"many-{i}") for i in range(300)]
+        leases = await asyncio.gather(*(lock.acquire() for lock in locks))
+        for i, lease in enumerate(leases):
+            info = await redis_coord.inspect(f"many-{i}")
+            assert info is not None
+            assert info.fence == lease.fence
+            assert info.owner == redis_coord.identity
+        await asyncio.gather(*(lease.release() for lease in leases))
+        after = await asyncio.gather(*(redis_coord.inspect(f"many-{i}") for i in range(300)))
+        assert after == [None] * 300
+
+    async def test_username_password_and_database_from_the_url(self, private: ValkeyServer) -> None:
+        """AUTH and SELECT on connect: a lock taken through redis://user:pw@host/3 lives in
+        database 3, and a wrong password is a BackendError at the first command."""
+        admin = Redis.from_url(private.url)
+        try:
+            await admin.acl_setuser(
+                "worker", enabled=True, passwords=["+s3cret"], keys="*", channels="*",
+                commands=["+@all"],
+            )  # fmt: skip
+            base = f"redis://worker:s3cret@{private.host}:{private.port}"
+            coord = asynclock.connect(f"{base}/3", prefix="db3")
+            async with coord, coord.lock("in-three"):
+                three = Redis(host=private.host, port=private.port, db=3)
+                try:
+                    assert [k async for k in admin.scan_iter(match="db3:*")] == []
+                    assert [k async for k in three.scan_iter(match="db3:*")] != []
+                finally:
+                    await three.aclose()
+            wrong = f"redis://worker:wrong@{private.host}:{private.port}"
+            async with asynclock.connect(wrong) as coord:
+                with pytest.raises(BackendError):
+                    await coord.lock("denied").acquire()
+        finally:
+            await admin.aclose()

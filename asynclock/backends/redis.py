@@ -23,7 +23,7 @@ from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from .._backoff import Backoff
 from .._clock import Clock
@@ -31,6 +31,7 @@ from .._errors import BackendError, map_backend_errors
 from .._validate import check_number
 from .._wakeup import Mailbox, WakeHub, WakeSlot
 from . import _scripts
+from ._resp import Pipe, pipe_for
 from .base import Attempt, Backend, Claim, LockInfo, owner_of
 
 __all__ = ("RedisBackend",)
@@ -52,12 +53,20 @@ def describe_pool(pool: ConnectionPool) -> str:
     return f"{where}/{kw.get('db', 0)}"
 
 
+Call = tuple[_scripts.Script, int, tuple[Any, ...]]
+
+
 class Keys(NamedTuple):
     """The three names behind one lock; they share the hash tag ``{name}``."""
 
     lock: str
     fence: str
     channel: str
+
+
+def _noscript(error: ResponseError) -> bool:
+    """The server does not know the script (after a restart or SCRIPT FLUSH)."""
+    return str(error).startswith("NOSCRIPT")
 
 
 def _text(value: bytes | str) -> str:
@@ -138,7 +147,8 @@ class RedisBackend(Backend):
         if not prefix or "{" in prefix or "}" in prefix:
             raise ValueError(f"prefix must be non-empty and free of '{{' and '}}', got {prefix!r}")
         self._client = client
-        self._link = _Link(client.connection_pool)
+        # The fast pipelined connection where the pool's settings allow it, else redis-py's.
+        self._link: _Link | Pipe = pipe_for(client.connection_pool) or _Link(client.connection_pool)
         self._prefix = prefix
         self._retention_ms = math.ceil(
             check_number("fence_retention", fence_retention, positive=True) * 1000
@@ -194,7 +204,9 @@ class RedisBackend(Backend):
         with self._errors:
             try:
                 return await execute("EVALSHA", script.sha, numkeys, *args)
-            except NoScriptError:
+            except ResponseError as exc:
+                if not _noscript(exc):
+                    raise
                 # After a restart or SCRIPT FLUSH: load it and try once more.
                 logger.debug("script %s not loaded on %s; loading", script.name, self._where)
                 await execute("SCRIPT", "LOAD", script.source)
@@ -204,9 +216,10 @@ class RedisBackend(Backend):
         """ms the fence counter outlives the lock's last use: never less than 2 ttl."""
         return max(self._retention_ms, math.ceil(ttl * 2000))
 
-    async def acquire_keys(
-        self, keys: Keys, value: str, ttl: float, floor: int | None = None
-    ) -> int:
+    # Each operation is a call (script, number of keys, arguments): the same for every
+    # node, which is what lets Redlock send one packed command to all of them.
+
+    def acquire_call(self, keys: Keys, value: str, ttl: float, floor: int | None = None) -> Call:
         """The acquire script: the new fence (> 0), or minus the holder's ms left (<= 0).
 
         ``floor``: the fence is at least this (Redlock proposes one value to all nodes).
@@ -220,26 +233,35 @@ class RedisBackend(Backend):
         )
         if floor is not None:
             args += (floor,)
-        return int(await self._eval(_scripts.ACQUIRE, 2, *args))
+        return _scripts.ACQUIRE, 2, args
 
-    async def raise_fence(self, keys: Keys, value: str, fence: int, ttl: float) -> bool:
+    def raise_fence_call(self, keys: Keys, value: str, fence: int, ttl: float) -> Call:
         """Redlock's second step: lift the fence counter to ``fence`` if still holding."""
-        reply = await self._eval(
-            _scripts.RAISE_FENCE, 2, keys.lock, keys.fence, value, fence, self.retention_ms(ttl)
+        return (
+            _scripts.RAISE_FENCE,
+            2,
+            (keys.lock, keys.fence, value, fence, self.retention_ms(ttl)),
         )
-        return bool(reply == 1)
+
+    def extend_call(self, keys: Keys, value: str, ttl: float) -> Call:
+        args = (keys.lock, keys.fence, value, math.ceil(ttl * 1000), self.retention_ms(ttl))
+        return _scripts.EXTEND, 2, args
+
+    def release_call(self, keys: Keys, value: str) -> Call:
+        return _scripts.RELEASE, 2, (keys.lock, keys.channel, value)
+
+    async def run(self, call: Call) -> Any:
+        """Run a call on this node: the script's raw reply."""
+        script, numkeys, args = call
+        return await self._eval(script, numkeys, *args)
+
+    async def acquire_keys(
+        self, keys: Keys, value: str, ttl: float, floor: int | None = None
+    ) -> int:
+        return int(await self.run(self.acquire_call(keys, value, ttl, floor)))
 
     async def extend_keys(self, keys: Keys, value: str, ttl: float) -> bool:
-        reply = await self._eval(
-            _scripts.EXTEND,
-            2,
-            keys.lock,
-            keys.fence,
-            value,
-            math.ceil(ttl * 1000),
-            self.retention_ms(ttl),
-        )
-        return bool(reply == 1)
+        return bool(await self.run(self.extend_call(keys, value, ttl)) == 1)
 
     async def extend_many_keys(self, items: Sequence[tuple[Keys, str, float]]) -> list[bool]:
         """EXTEND for many locks, one script call per chunk. Raises ``BackendError``."""
@@ -256,8 +278,7 @@ class RedisBackend(Backend):
         return results
 
     async def release_keys(self, keys: Keys, value: str) -> bool:
-        reply = await self._eval(_scripts.RELEASE, 2, keys.lock, keys.channel, value)
-        return bool(reply == 1)
+        return bool(await self.run(self.release_call(keys, value)) == 1)
 
     async def inspect_keys(self, keys: Keys) -> tuple[str, float, int] | None:
         """``(holder value, seconds left, fence counter)`` or None when free."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import random
 import time
@@ -30,13 +31,15 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from .._clock import Clock
 from .._errors import BackendError, QuorumError
 from .._validate import check_number
 from .._wakeup import Mailbox, WakeHub, WakeSlot
+from ._resp import Pipe, pack
 from .base import Attempt, Backend, Claim, LockInfo, owner_of
-from .redis import Keys, RedisBackend, client_from_url
+from .redis import Call, Keys, RedisBackend, client_from_url
 
 __all__ = ("RedlockBackend",)
 
@@ -129,12 +132,14 @@ class RedlockBackend(Backend):
         nodes: Sequence[RedisBackend] | None = None,
         *,
         wanted: Callable[[object], bool] | None = None,
+        refused: Callable[[object], bool] | None = None,
     ) -> list[T | BackendError | TimeoutError | None]:
         """``op`` on every node at once, all bounded by one ``node_timeout`` deadline.
 
         A node that fails or does not answer in time yields its error. With ``wanted``,
         the call returns as soon as the outcome is decided: a majority of results are
-        wanted, or so many are not that a majority no longer can be. Nodes still working
+        wanted, or so many are refused (see :func:`_refuses`) that a majority no longer
+        can be. Nodes still working
         then (a frozen node, typically) yield None and finish in the background, within
         the same deadline: one slow node does not slow everyone down.
         """
@@ -164,9 +169,10 @@ class RedlockBackend(Backend):
                 if wanted is None:
                     continue
                 for task in done:
-                    if wanted(task.result()):
+                    reply = task.result()
+                    if wanted(reply):
                         yes += 1
-                    else:
+                    elif _refuses(reply, wanted, refused):
                         no += 1
                 if yes >= self.quorum or no > len(self._nodes) - self.quorum:
                     break
@@ -182,6 +188,50 @@ class RedlockBackend(Backend):
         else:
             expired.cancel()
         return [task.result() if task.done() else None for task in tasks]
+
+    async def _script(
+        self,
+        call: Call,
+        nodes: Sequence[RedisBackend] | None = None,
+        *,
+        wanted: Callable[[object], bool] | None = None,
+        refused: Callable[[object], bool] | None = None,
+    ) -> list[Any]:
+        """Run a script call on every node at once: raw replies (an exception for a node
+        that failed or was late, None for one still working when the outcome was decided).
+
+        With every node on a connected pipelined connection, one packed command is written
+        to each and their replies are tallied as they arrive, without a task per node;
+        otherwise (TLS, a node connecting) it goes through :meth:`_each`.
+        """
+        targets = self._nodes if nodes is None else nodes
+        links = [node._link for node in targets]
+        protos = [link.ready() if isinstance(link, Pipe) else None for link in links]
+        if not targets or any(proto is None for proto in protos):
+            return await self._each(
+                lambda node: node.run(call), targets, wanted=wanted, refused=refused
+            )
+        script, numkeys, args = call
+        packed = pack(("EVALSHA", script.sha, numkeys, *args))
+        tally = _Tally(len(targets), self.quorum, len(self._nodes), wanted, refused)
+        for i, (link, proto) in enumerate(zip(links, protos, strict=True)):
+            assert isinstance(link, Pipe)
+            assert proto is not None
+            link.request(proto, packed, functools.partial(tally.settle, i))
+        timer = asyncio.get_running_loop().call_later(self.node_timeout, tally.expire)
+        try:
+            await tally.decided
+        finally:
+            timer.cancel()
+        results = list(tally.results)
+        # A node that does not know the script (restarted, SCRIPT FLUSH) loads it and
+        # answers again, on its own.
+        unknown = [i for i, reply in enumerate(results) if _is_noscript(reply)]
+        if unknown:
+            again = await self._each(lambda node: node.run(call), [targets[i] for i in unknown])
+            for i, reply in zip(unknown, again, strict=True):
+                results[i] = reply
+        return results
 
     def _keys(self, claim: Claim) -> Keys:
         keys = claim.handle
@@ -218,9 +268,8 @@ class RedlockBackend(Backend):
         # granting node lands on it, a majority already stores the lease's fence and the
         # write-back round trip is not needed. Correctness never depends on this clock.
         floor = time.time_ns() // 1000 + _FLOOR_LEAD_US
-        replies = await self._each(
-            lambda node: node.acquire_keys(keys, value, ttl, floor), wanted=_granted
-        )
+        first = self._nodes[0]
+        replies = await self._script(first.acquire_call(keys, value, ttl, floor), wanted=_granted)
         granted = [
             (node, reply)
             for node, reply in zip(self._nodes, replies, strict=True)
@@ -232,12 +281,10 @@ class RedlockBackend(Backend):
             behind = [node for node, reply in granted if reply < fence]
             stored = len(granted) - len(behind)  # nodes whose counter already is the fence
             if behind and stored < self.quorum:
-                confirms = await self._each(
-                    lambda node: node.raise_fence(keys, value, fence, ttl),
-                    behind,
-                    wanted=_true,
+                confirms = await self._script(
+                    first.raise_fence_call(keys, value, fence, ttl), behind, wanted=_one
                 )
-                stored += sum(confirm is True for confirm in confirms)
+                stored += sum(_one(confirm) for confirm in confirms)
                 failed += sum(isinstance(confirm, Exception) for confirm in confirms)
             left = ttl - (self.clock.now() - start) - self.drift(ttl)
             if stored >= self.quorum and left > 0:
@@ -245,6 +292,7 @@ class RedlockBackend(Backend):
         # No majority: give back at once what we took, on every node (one that timed out
         # may have taken it all the same), so that our retry does not block itself. Nodes
         # that answered are waited for; the others finish in the background.
+        release = first.release_call(keys, value)
         answered = [
             node
             for node, reply in zip(self._nodes, replies, strict=True)
@@ -252,8 +300,8 @@ class RedlockBackend(Backend):
         ]
         silent = [node for node in self._nodes if node not in answered]
         if silent:
-            self._background(lambda node: node.release_keys(keys, value), silent)
-        await self._each(lambda node: node.release_keys(keys, value), answered)
+            self._background(lambda node: node.run(release), silent)
+        await self._script(release, answered)
         return Attempt(None, self._free_in(replies, len(granted))), failed
 
     def _background(
@@ -278,9 +326,8 @@ class RedlockBackend(Backend):
 
     async def extend(self, claim: Claim, ttl: float) -> bool:
         keys = self._keys(claim)
-        results = await self._each(
-            lambda node: node.extend_keys(keys, claim.value, ttl), wanted=_true
-        )
+        call = self._nodes[0].extend_call(keys, claim.value, ttl)
+        results = await self._script(call, wanted=_one, refused=_zero)
         verdict = self._verdict(results)
         if verdict is None:
             raise self._no_quorum("extend", sum(isinstance(r, Exception) for r in results))
@@ -288,9 +335,9 @@ class RedlockBackend(Backend):
 
     def _verdict(self, results: Sequence[object]) -> bool | None:
         """True if a majority confirmed, False if so many refused that none can, else None."""
-        if sum(result is True for result in results) >= self.quorum:
+        if sum(_one(result) for result in results) >= self.quorum:
             return True
-        if sum(result is False for result in results) > len(self._nodes) - self.quorum:
+        if sum(_zero(result) for result in results) > len(self._nodes) - self.quorum:
             return False
         return None
 
@@ -308,7 +355,9 @@ class RedlockBackend(Backend):
 
     async def release(self, claim: Claim) -> bool:
         keys = self._keys(claim)
-        results = await self._each(lambda node: node.release_keys(keys, claim.value), wanted=_true)
+        results = await self._script(
+            self._nodes[0].release_call(keys, claim.value), wanted=_one, refused=_zero
+        )
         verdict = self._verdict(results)
         if verdict is None:
             raise self._no_quorum("release", sum(isinstance(r, Exception) for r in results))
@@ -401,12 +450,89 @@ class _Deadline:
             self.handle.cancel()
 
 
+class _Tally:
+    """Replies of one fan-out as they arrive, and whether the outcome is decided yet."""
+
+    __slots__ = (
+        "_no",
+        "_nodes",
+        "_quorum",
+        "_refused",
+        "_settled",
+        "_wanted",
+        "_yes",
+        "decided",
+        "results",
+    )
+
+    def __init__(
+        self,
+        n: int,
+        quorum: int,
+        nodes: int,
+        wanted: Callable[[object], bool] | None,
+        refused: Callable[[object], bool] | None,
+    ) -> None:
+        self.results: list[Any] = [None] * n
+        self._settled = [False] * n
+        self._quorum = quorum
+        self._nodes = nodes
+        self._wanted = wanted
+        self._refused = refused
+        self._yes = self._no = 0
+        self.decided: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def settle(self, i: int, reply: Any) -> None:
+        if self._settled[i]:
+            return
+        self._settled[i] = True
+        self.results[i] = reply
+        if self._wanted is not None:
+            if self._wanted(reply):
+                self._yes += 1
+            elif _refuses(reply, self._wanted, self._refused):
+                self._no += 1
+            if self._yes >= self._quorum or self._no > self._nodes - self._quorum:
+                self._decide()
+        if all(self._settled):
+            self._decide()
+
+    def expire(self) -> None:
+        for i, settled in enumerate(self._settled):
+            if not settled:
+                self.settle(i, TimeoutError("no answer within the node timeout"))
+        self._decide()
+
+    def _decide(self) -> None:
+        if not self.decided.done():
+            self.decided.set_result(None)
+
+
+def _refuses(
+    reply: object, wanted: Callable[[object], bool], refused: Callable[[object], bool] | None
+) -> bool:
+    """Whether a reply counts against the majority: ``refused`` when given (a node that
+    failed or was late then counts for neither side), else anything not wanted except a
+    node that has yet to load the script and is asked again."""
+    if refused is not None:
+        return refused(reply)
+    return not wanted(reply) and not _is_noscript(reply)
+
+
+def _one(reply: object) -> bool:
+    return isinstance(reply, int) and reply == 1
+
+
+def _zero(reply: object) -> bool:
+    return isinstance(reply, int) and reply == 0
+
+
+def _is_noscript(reply: object) -> bool:
+    return isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
+
+
 def _granted(reply: object) -> bool:
     return isinstance(reply, int) and reply > 0
-
-
-def _true(result: object) -> bool:
-    return result is True
 
 
 class _RedlockWaiter:

@@ -1,0 +1,284 @@
+"""A pipelined Redis connection: an ``asyncio.Protocol`` with a hiredis reader.
+
+redis-py's asyncio client sends a command by checking a connection out of a pool,
+packing it in Python, writing, and reading the reply through a ``StreamReader`` — several
+awaits and allocations per command, about as much time as the Lua script it runs. For the
+handful of commands asynclock sends per lock, one connection per node carries every
+request in flight (requests are answered in order on a connection), replies are parsed in
+``data_received`` and handed straight to whoever waits: one write and one wake-up per
+command, and for Redlock one write per node and one wake-up per fan-out.
+
+It serves plain TCP and Unix-socket connections, with AUTH and SELECT; anything else (TLS,
+credential providers, Sentinel, Cluster) stays on redis-py's connections
+(:func:`pipe_for`). A request that gets no answer within the socket timeout breaks the
+connection: every request in flight on it fails, and the next one reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import hiredis
+from redis.asyncio.connection import Connection, ConnectionPool, UnixDomainSocketConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+__all__ = ("Pipe", "StaleConnection", "pipe_for")
+
+Callback = Callable[[Any], None]
+
+# Connection options redis-py may carry that this connection does not implement: with any
+# of them set, asynclock keeps using redis-py's own connections.
+_UNSUPPORTED = ("credential_provider", "client_name", "ssl", "ssl_context", "redis_connect_func")
+
+
+def pack(args: tuple[Any, ...]) -> bytes:
+    """RESP for one command, packed in C by hiredis."""
+    packed: bytes = hiredis.pack_command(args)
+    return packed
+
+
+class StaleConnection(RedisConnectionError):
+    """The connection closed before any reply to requests sent on it while it was idle:
+    typically the server had dropped it already (timeout, CLIENT KILL, restart), and the
+    request is sent once more on a new connection. Every asynclock script gives the same
+    answer when run twice with the same holder value, so sending again is safe."""
+
+
+class _Protocol(asyncio.Protocol):
+    """Requests go out in order; replies come back in order and settle them in turn."""
+
+    def __init__(self) -> None:
+        self._reader = hiredis.Reader(replyError=ResponseError)
+        self._pending: deque[Callback] = deque()
+        self._sent: deque[float] = deque()
+        self._transport: asyncio.Transport | None = None
+        self._silent = False  # nothing received since a request went out on an idle line
+        self.lost: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        self._silent = False
+        pending = self._pending
+        sent = self._sent
+        while (reply := reader.gets()) is not False:
+            if pending:
+                sent.popleft()
+                pending.popleft()(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = exc or RedisConnectionError("connection closed by the server")
+        if self._silent:
+            stale = StaleConnection(f"connection closed before any reply: {self.lost}")
+            self._fail(stale)
+        else:
+            self._fail(self.lost)
+
+    def _fail(self, error: BaseException) -> None:
+        pending, self._pending = self._pending, deque()
+        self._sent.clear()
+        for callback in pending:
+            callback(error)
+
+    @property
+    def alive(self) -> bool:
+        return self.lost is None and self._transport is not None
+
+    def request(self, data: bytes, callback: Callback) -> None:
+        """Send one packed command; ``callback`` gets its reply (an exception on error)."""
+        assert self._transport is not None
+        self._transport.write(data)
+        if not self._pending:
+            self._silent = True
+        self._pending.append(callback)
+        self._sent.append(time.monotonic())
+
+    def oldest(self) -> float | None:
+        """When the oldest unanswered request was sent."""
+        return self._sent[0] if self._sent else None
+
+    def abort(self, error: BaseException) -> None:
+        """Give up on this connection: fail what is in flight, close the socket."""
+        if self.lost is None:
+            self.lost = error
+        self._fail(error)
+        if self._transport is not None:
+            self._transport.abort()
+
+
+def _settle(fut: asyncio.Future[Any], reply: Any) -> None:
+    if fut.done():
+        return  # the caller gave up (cancelled, timed out)
+    if isinstance(reply, BaseException):
+        fut.set_exception(reply)
+    else:
+        fut.set_result(reply)
+
+
+class Pipe:
+    """One node's pipelined connection, connected on first use and after a loss."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "localhost",
+        port: int = 6379,
+        path: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        db: int = 0,
+        connect_timeout: float | None = 5.0,
+        timeout: float | None = 5.0,
+    ) -> None:
+        self._host = host
+        self._port = port
+        self._path = path
+        self._username = username
+        self._password = password
+        self._db = db
+        self._connect_timeout = connect_timeout
+        self._timeout = timeout
+        self._proto: _Protocol | None = None
+        self._connecting: asyncio.Lock | None = None
+        self._watch: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def ready(self) -> _Protocol | None:
+        """The connected protocol, if there is one (no I/O)."""
+        proto = self._proto
+        return proto if proto is not None and proto.alive else None
+
+    async def protocol(self) -> _Protocol:
+        """The connected protocol, connecting first if needed."""
+        proto = self.ready()
+        if proto is not None:
+            return proto
+        if self._closed:
+            raise RedisConnectionError("the coordinator was closed")
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            proto = self.ready()
+            if proto is None:
+                proto = self._proto = await self._connect()
+            return proto
+
+    async def _connect(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                if self._path is not None:
+                    _, proto = await loop.create_unix_connection(_Protocol, self._path)
+                else:
+                    _, proto = await loop.create_connection(_Protocol, self._host, self._port)
+                await self._handshake(proto)
+        except TimeoutError as exc:
+            raise RedisTimeoutError(f"timed out connecting to {self._where()}") from exc
+        except OSError as exc:
+            raise RedisConnectionError(f"error connecting to {self._where()}: {exc}") from exc
+        return proto
+
+    async def _handshake(self, proto: _Protocol) -> None:
+        commands: list[tuple[Any, ...]] = []
+        if self._password is not None:
+            if self._username:
+                commands.append(("AUTH", self._username, self._password))
+            else:
+                commands.append(("AUTH", self._password))
+        if self._db:
+            commands.append(("SELECT", self._db))
+        for command in commands:
+            try:
+                await self._send(proto, command)
+            except ResponseError:
+                proto.abort(RedisConnectionError("handshake failed"))
+                raise
+
+    async def _send(self, proto: _Protocol, args: tuple[Any, ...]) -> Any:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        proto.request(pack(args), lambda reply: _settle(fut, reply))
+        self._watch_timeouts(proto)
+        return await fut
+
+    async def execute(self, *args: Any) -> Any:
+        """One command; its reply, or the error (a ResponseError for an error reply).
+
+        Sent once more on a new connection if the one it went out on turns out to have
+        been dropped while idle (:class:`StaleConnection`).
+        """
+        proto = self.ready() or await self.protocol()
+        try:
+            return await self._send(proto, args)
+        except StaleConnection:
+            return await self._send(await self.protocol(), args)
+
+    def request(self, proto: _Protocol, data: bytes, callback: Callback) -> None:
+        """Send packed ``data`` on ``proto`` (from :meth:`ready`); no waiting here."""
+        proto.request(data, callback)
+        self._watch_timeouts(proto)
+
+    def _watch_timeouts(self, proto: _Protocol) -> None:
+        """Break a connection whose oldest request waits longer than the socket timeout:
+        one timer per connection, not one per request."""
+        if self._watch is None and self._timeout is not None:
+            loop = asyncio.get_running_loop()
+            self._watch = loop.call_later(self._timeout / 2, self._check, proto)
+
+    def _check(self, proto: _Protocol) -> None:
+        self._watch = None
+        oldest = proto.oldest()
+        if oldest is None or not proto.alive:
+            return
+        assert self._timeout is not None
+        if time.monotonic() - oldest > self._timeout:
+            proto.abort(
+                RedisTimeoutError(f"no reply from {self._where()} within {self._timeout:g}s")
+            )
+            return
+        self._watch = asyncio.get_running_loop().call_later(self._timeout / 2, self._check, proto)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        proto, self._proto = self._proto, None
+        if proto is not None:
+            proto.abort(RedisConnectionError("the coordinator was closed"))
+
+    def _where(self) -> str:
+        return f"unix://{self._path}" if self._path else f"{self._host}:{self._port}"
+
+
+def pipe_for(pool: ConnectionPool) -> Pipe | None:
+    """A :class:`Pipe` with the pool's connection settings, or None when the pool needs
+    something only redis-py's connections do (TLS, credential providers, …)."""
+    kwargs = pool.connection_kwargs
+    if pool.connection_class not in (Connection, UnixDomainSocketConnection):
+        return None
+    if any(kwargs.get(option) for option in _UNSUPPORTED):
+        return None
+    common: dict[str, Any] = {
+        "username": kwargs.get("username"),
+        "password": kwargs.get("password"),
+        "db": int(kwargs.get("db") or 0),
+        "connect_timeout": kwargs.get("socket_connect_timeout", 5.0),
+        "timeout": kwargs.get("socket_timeout", 5.0),
+    }
+    if pool.connection_class is UnixDomainSocketConnection:
+        return Pipe(path=kwargs["path"], **common)
+    return Pipe(host=kwargs.get("host", "localhost"), port=int(kwargs.get("port", 6379)), **common)
