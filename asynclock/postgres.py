@@ -196,5 +196,7 @@ async def ensure_fence_sequence(conn: asyncpg.Connection[Any], schema: str, sequ
             f"    GRANT USAGE ON SCHEMA {quote_ident(schema)} TO <role>;\n"
             f"    GRANT USAGE ON SEQUENCE {qualified} TO <role>;"
         ) from exc
-    except asyncpg.exceptions.UniqueViolationError:
-        pass  # created concurrently by another coordinator
+    except (asyncpg.exceptions.UniqueViolationError, asyncpg.exceptions.DuplicateTableError):
+        # Created concurrently by another coordinator: IF NOT EXISTS is not atomic, and
+        # the loser of the race gets one of these two errors depending on timing.
+        pass

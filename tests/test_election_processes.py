@@ -102,9 +102,11 @@ async def campaign(url: str, resource_url: str) -> None:
 
         # kill -9 of the leader: another leads within ttl + 1 s.
         killed = current_leader(candidates)
+        # The time of the kill, not of its reaping: another candidate may take over
+        # before process.wait() returns.
+        killed_at = time.monotonic()
         killed.process.kill()
         await killed.process.wait()
-        killed_at = time.monotonic()
         second = await leads_after(candidates, killed_at, within=TTL + 1)
         lead_event = second.first("lead", killed_at)
         assert lead_event is not None
@@ -114,8 +116,8 @@ async def campaign(url: str, resource_url: str) -> None:
         # callback is cancelled and whatever it still writes is refused by the fence.
         await asyncio.sleep(0.5)
         frozen = current_leader(candidates)
-        os.kill(frozen.process.pid, signal.SIGSTOP)
         frozen_at = time.monotonic()
+        os.kill(frozen.process.pid, signal.SIGSTOP)
         third = await leads_after(candidates, frozen_at, within=TTL + 1)
         assert third is not frozen
         await asyncio.sleep(0.3)  # the new leader has written its term
@@ -126,7 +128,10 @@ async def campaign(url: str, resource_url: str) -> None:
                 break
             await asyncio.sleep(0.01)
         stop = frozen.first("stop", frozen_at)
-        assert stop is not None, "the resumed leader's callback was not cancelled"
+        assert stop is not None, (
+            f"the resumed leader's callback was not cancelled: {frozen.events[-5:]}, "
+            f"resumed at {resumed_at}, alive: {frozen.process.returncode is None}"
+        )
         assert stop[3] - resumed_at < 1.0
         late_writes = [e for e in frozen.events if e[0] == "write" and e[3] > frozen_at]
         assert all(accepted == 0 for _, _, accepted, _ in late_writes), late_writes

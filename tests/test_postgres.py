@@ -18,7 +18,13 @@ import pytest
 import asynclock
 from asynclock import BackendError, LockLost, LockTimeout
 from asynclock.backends import PostgresBackend
-from asynclock.postgres import NoTransactionError, advisory_key, advisory_xact_lock, lock_ids
+from asynclock.postgres import (
+    NoTransactionError,
+    advisory_key,
+    advisory_xact_lock,
+    ensure_fence_sequence,
+    lock_ids,
+)
 
 from .conftest import eventually
 
@@ -226,6 +232,23 @@ class TestSessionLocks:
             async with pool.acquire() as conn:
                 await conn.execute(f'DROP SCHEMA "{namespace}" CASCADE')
                 await conn.execute(f'DROP ROLE "{role}"')
+
+    async def test_many_coordinators_create_the_fence_sequence_at_once(
+        self, asynclock_postgres_dsn: str, namespace: str
+    ) -> None:
+        """``CREATE SEQUENCE IF NOT EXISTS`` is not atomic: coordinators that start
+        together race to create it, and every one of them must still go on."""
+        conns = [await asyncpg.connect(asynclock_postgres_dsn) for _ in range(8)]
+        try:
+            for round_ in range(60):
+                sequence = f"fence_{namespace}_{round_}"
+                await asyncio.gather(
+                    *(ensure_fence_sequence(conn, "public", sequence) for conn in conns)
+                )
+                assert await conns[0].fetchval("SELECT nextval($1)", sequence) == 1
+                await conns[0].execute(f'DROP SEQUENCE "{sequence}"')
+        finally:
+            await asyncio.gather(*(conn.close() for conn in conns))
 
 
 class TestCancelSafety:

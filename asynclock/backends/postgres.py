@@ -53,12 +53,16 @@ __all__ = ("PostgresBackend",)
 
 logger = logging.getLogger("asynclock.postgres")
 
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+# asyncpg's InternalClientError: a protocol state it cannot handle (seen when a frozen
+# process resumes with the server's goodbye and a heartbeat due in the same instant).
+_CONFUSED = asyncpg.exceptions._base.InternalClientError
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, _CONFUSED, OSError)
 # The session is gone (or unusable): its locks went with it.
 _SESSION_GONE = (
     asyncpg.PostgresConnectionError,
     asyncpg.ConnectionDoesNotExistError,
     asyncpg.InterfaceError,
+    _CONFUSED,
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.IdleSessionTimeoutError,
     OSError,
@@ -384,12 +388,19 @@ class PostgresBackend(Backend):
             session = claim.handle = _Session(conn, key, claim.shared, ttl_ms)
             self._sessions.add(session)
             configure = not conn.configured
+            # Try first: the statement that waits in the server's queue costs more (its
+            # lock and check timeouts), so it is sent only when the lock is held.
             args = self._acquire_args(
-                sql, session, claim.value, configure=configure, wait=wait, began=began
+                sql, session, claim.value, configure=configure, wait=0, began=began
             )
-            statement = sql.acquire[configure, wait != 0, claim.shared]
             try:
-                row = await conn.raw.fetchrow(statement, *args)
+                row = await conn.raw.fetchrow(sql.acquire[configure, False, claim.shared], *args)
+                if row is None and wait != 0:
+                    args = self._acquire_args(
+                        sql, session, claim.value, configure=configure, wait=wait, began=began
+                    )
+                    statement = sql.acquire[configure, True, claim.shared]
+                    row = await conn.raw.fetchrow(statement, *args)
             except asyncpg.exceptions.LockNotAvailableError:
                 row = None
             except _DRIVER_ERRORS as exc:
