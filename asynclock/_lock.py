@@ -322,7 +322,13 @@ class Lock:
     async def _acquire(self) -> Lease:
         coord = self._coord
         recorder = coord._recorder
-        claim = Claim(self.name, secrets.token_hex(16), self._owner or coord.identity, self.shared)
+        claim = Claim(
+            self.name,
+            secrets.token_hex(16),
+            self._owner or coord.identity,
+            self.shared,
+            recheck=self.retry.maximum,
+        )
         began = time.perf_counter()
         recorder.started()
         try:
@@ -370,6 +376,7 @@ class Lock:
         # Subscribe first, then try: a release between the failed attempt and the sleep
         # is recorded on the slot, never lost.
         async with coord.backend.waiter(self.name) as slot:
+            slot.tag = claim.value  # a release that names this claim wakes this slot
             coord._waiting.add(slot)
             try:
                 return await self._wait_loop(claim, deadline, slot)

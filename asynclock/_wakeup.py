@@ -4,7 +4,9 @@ A waiter registers its slot *before* its attempt, so a release that lands betwee
 failed attempt and the wait still finds the slot and marks it woken: the wait then returns
 at once and no wake-up is lost. A release wakes one slot (the oldest not yet woken), so
 64 waiters do not stampede the server for one free lock; a woken waiter that leaves
-without trying (cancelled, timed out) passes its wake-up to the next.
+without trying (cancelled, timed out) passes its wake-up to the next. A release that
+names its waiter (a ``tag``: the Redis backend's queue picks one across all clients)
+wakes that slot alone, and no slot of any other client.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ _RECENT_RELEASES = 16
 class WakeSlot:
     """One waiter's place in a :class:`WakeHub`."""
 
-    __slots__ = ("_fut", "_hub", "key", "woken")
+    __slots__ = ("_fut", "_hub", "key", "tag", "woken")
 
     def __init__(self, hub: WakeHub, key: Hashable) -> None:
         self._hub = hub
         self.key = key
         self.woken = False
+        # Who waits: the claim's value, which a targeted wake-up names.
+        self.tag: str | None = None
         self._fut: asyncio.Future[bool] | None = None
 
     def _wake(self) -> None:
@@ -118,10 +122,24 @@ class WakeHub:
                 slot._wake()
                 return
 
-    def announce(self, key: Hashable, release: Hashable) -> None:
-        """A node says ``release`` freed ``key``: wake one waiter once a quorum said so."""
+    def notify_tag(self, key: Hashable, tag: str) -> None:
+        """Wake the slot of ``key`` tagged ``tag``, if it is here (else nothing)."""
+        for slot in self._slots.get(key, ()):
+            if slot.tag == tag:
+                if not slot.woken:
+                    slot._wake()
+                return
+
+    def announce(self, key: Hashable, release: Hashable, target: str | None = None) -> None:
+        """A node says ``release`` freed ``key``: wake one waiter once a quorum said so.
+
+        With ``target`` (one node's queue chose that waiter), wake only that slot.
+        """
         if self.quorum == 1:
-            self.notify_one(key)
+            if target is None:
+                self.notify_one(key)
+            else:
+                self.notify_tag(key, target)
             return
         if key not in self._slots:
             return  # nobody waits: nothing to count

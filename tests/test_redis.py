@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +16,7 @@ from redis.asyncio import Redis
 import asynclock
 from asynclock import BackendError, Backoff, LockLost, LockTimeout
 from asynclock.backends import Claim, RedisBackend
+from asynclock.backends.redis import LINGER
 from asynclock.testing import ValkeyFactory, ValkeyServer
 
 from .conftest import eventually, redis_backend
@@ -192,7 +195,8 @@ class TestPubSub:
     async def test_one_pubsub_connection_per_coordinator(
         self, redis_coord: asynclock.Coordinator, raw: Redis, namespace: str
     ) -> None:
-        """40 waiters on 4 names share one pub/sub connection and leave no subscription."""
+        """40 waiters on 4 names share one pub/sub connection and leave no subscription
+        once the last one's channel has lingered (LINGER seconds) unused."""
         holders = [await redis_coord.lock(f"ps:{i}", ttl=10).acquire() for i in range(4)]
 
         async def wait_and_release(i: int) -> None:
@@ -205,14 +209,39 @@ class TestPubSub:
         pubsub_conns = [c for c in clients if "P" in c["flags"]]
         assert len(pubsub_conns) == 1
         channels = sorted(redis_backend(redis_coord).subscribed())
-        assert channels == sorted(f"{namespace}:{{ps:{i}}}:wake" for i in range(4))
+        backend = redis_backend(redis_coord)
+        assert channels == sorted(backend.inbox(f"ps:{i}") for i in range(4))
         for lease in holders:
             await lease.release()
         await asyncio.wait_for(asyncio.gather(*waiters), 10)
-        await asyncio.sleep(0.1)
-        numsub = await raw.pubsub_numsub(*(f"{namespace}:{{ps:{i}}}:wake" for i in range(4)))
+        assert await eventually(lambda: backend.subscribed() == [], within=LINGER + 2)
+        numsub = await raw.pubsub_numsub(*(backend.inbox(f"ps:{i}") for i in range(4)))
         assert all(count == 0 for _, count in numsub)
-        assert redis_backend(redis_coord).subscribed() == []
+
+    async def test_a_hot_lock_keeps_its_subscription(
+        self, redis_coord: asynclock.Coordinator, raw: Redis
+    ) -> None:
+        """A worker that waits for the same lock again soon after its last grant finds the
+        channel still subscribed: no SUBSCRIBE on the way, no wake-up lost."""
+        backend = redis_backend(redis_coord)
+
+        async def subscribes() -> int:
+            stats = await raw.info("commandstats")
+            return int(stats.get("cmdstat_subscribe", {}).get("calls", 0))
+
+        holder = await redis_coord.lock("hot", ttl=10).acquire()
+        waiter = asyncio.create_task(redis_coord.lock("hot", ttl=10).acquire())
+        assert await eventually(lambda: backend.waiting() == 1)
+        before = await subscribes()
+        for _ in range(5):
+            await holder.release()
+            holder = await asyncio.wait_for(waiter, 2)
+            assert backend.subscribed() == [backend.inbox("hot")]  # lingering
+            waiter = asyncio.create_task(redis_coord.lock("hot", ttl=10).acquire())
+            assert await eventually(lambda: backend.waiting() == 1)
+        assert await subscribes() == before
+        await holder.release()
+        await (await asyncio.wait_for(waiter, 2)).release()
 
     async def test_cancelled_waiter_unsubscribes(
         self, redis_coord: asynclock.Coordinator, raw: Redis, namespace: str
@@ -223,7 +252,7 @@ class TestPubSub:
         tasks_before = asyncio.all_tasks()
         waiter = asyncio.create_task(redis_coord.lock("cw", ttl=10).acquire())
         await asyncio.sleep(0.2)
-        channel = f"{namespace}:{{cw}}:wake"
+        channel = redis_backend(redis_coord).inbox("cw")
         assert (await raw.pubsub_numsub(channel))[0][1] == 1
         assert len(asyncio.all_tasks()) == len(tasks_before) + 2  # the waiter, the reader
         waiter.cancel()
@@ -426,3 +455,124 @@ class TestPipelinedConnection:
                     await coord.lock("denied").acquire()
         finally:
             await admin.aclose()
+
+
+WAITER = """
+import asyncio, sys, asynclock
+async def main():
+    async with asynclock.connect(sys.argv[1], prefix=sys.argv[2]) as coord:
+        await coord.lock("q", ttl=30, retry=asynclock.Backoff(initial=5, maximum=5)).acquire()
+asyncio.run(main())
+"""
+
+
+async def script_calls(raw: Redis) -> int:
+    """EVALSHA calls the server has run so far."""
+    stats = await raw.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+class TestWaiterQueue:
+    """Waiters queue on the server; a release wakes the oldest live one, not all."""
+
+    # Waiters that never poll on their own: every attempt after the first is a wake-up.
+    PATIENT = Backoff(initial=5, maximum=5, jitter=False)
+
+    async def test_a_release_wakes_one_waiter_across_clients(self, private: ValkeyServer) -> None:
+        """Eight clients wait; each release costs one acquire attempt, not eight, and
+        the lock goes to the waiters in the order they queued."""
+        raw = Redis.from_url(private.url)
+        coords = [asynclock.connect(private.url, prefix="q") for _ in range(9)]
+        try:
+            async with coords[8].lock("warm-up"):  # load the scripts: no NOSCRIPT later
+                pass
+            holder = await coords[8].lock("q", ttl=30).acquire()
+            waiters = []
+            for i in range(8):
+                lock = coords[i].lock("q", ttl=30, retry=self.PATIENT)
+                before = await script_calls(raw)
+                waiters.append(asyncio.create_task(lock.acquire()))
+                # Parked: tried once, subscribed, tried again (and queued).
+                deadline = time.monotonic() + 5
+                while await script_calls(raw) - before < 2:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.005)
+                assert await raw.zcard("q:{q}:queue") == i + 1
+            for i in range(8):
+                before = await script_calls(raw)
+                await holder.release()
+                holder = await asyncio.wait_for(waiters[i], 2)
+                assert await eventually(lambda: False, within=0.1) is False
+                # INFO itself is no script; the release and exactly one acquire are.
+                assert await script_calls(raw) - before == 2
+            await holder.release()
+            assert await raw.exists("q:{q}:queue", "q:{q}:due") == 0
+        finally:
+            for coord in coords:
+                await coord.aclose()
+            await raw.aclose()
+
+    async def test_a_waiter_that_gives_up_leaves_the_queue(
+        self, redis_coord: asynclock.Coordinator, raw: Redis, namespace: str
+    ) -> None:
+        """Timed out or cancelled, a waiter is out of the server's queue when it is gone."""
+        holder = await redis_coord.lock("gone", ttl=30).acquire()
+        queue = f"{namespace}:{{gone}}:queue"
+        with pytest.raises(LockTimeout):
+            await redis_coord.lock("gone", timeout=0.2).acquire()
+        assert await raw.zcard(queue) == 0
+        waiter = asyncio.create_task(redis_coord.lock("gone", retry=self.PATIENT).acquire())
+        assert await eventually(lambda: redis_backend(redis_coord).waiting() == 1)
+        assert await raw.zcard(queue) == 1
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert await raw.zcard(queue) == 0
+        await holder.release()
+
+    async def test_a_dead_waiter_does_not_hold_up_the_line(
+        self, redis_coord: asynclock.Coordinator, raw: Redis, asynclock_redis_url: str,
+        namespace: str,
+    ) -> None:  # fmt: skip
+        """A waiter process killed with SIGKILL at the head of the queue: the release
+        wakes it in vain, and the next waiter still gets the lock within one backoff
+        step (1 s by default), not at the end of its own long sleep."""
+        holder = await redis_coord.lock("q", ttl=30).acquire()
+        dead = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", WAITER, asynclock_redis_url, namespace
+        )
+        try:
+            queue = f"{namespace}:{{q}}:queue"
+            assert await eventually(lambda: False, within=0.0) is False
+            deadline = time.monotonic() + 20
+            while await raw.zcard(queue) == 0:
+                assert time.monotonic() < deadline, "the waiter process never queued"
+                await asyncio.sleep(0.02)
+            dead.kill()
+            await dead.wait()
+            waiter = asyncio.create_task(redis_coord.lock("q", ttl=30).acquire())
+            assert await eventually(lambda: redis_backend(redis_coord).waiting() == 1)
+            assert await raw.zcard(queue) == 2
+            released_at = time.monotonic()
+            await holder.release()
+            lease = await asyncio.wait_for(waiter, 5)
+            assert time.monotonic() - released_at < 1.5
+            await lease.release()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                dead.kill()
+            await dead.wait()
+
+    async def test_redis_server_sees_a_queue_only_while_someone_waits(
+        self, redis_coord: asynclock.Coordinator, raw: Redis, namespace: str
+    ) -> None:
+        """Uncontended locks leave no queue keys; a waiter's place lapses by itself."""
+        async with redis_coord.lock("quiet"):
+            pass
+        assert await namespace_keys(raw, namespace) == [f"{namespace}:{{quiet}}:fence".encode()]
+        holder = await redis_coord.lock("lapse", ttl=30).acquire()
+        with pytest.raises(LockTimeout):
+            await redis_coord.lock("lapse", timeout=0.1).acquire()
+        due = f"{namespace}:{{lapse}}:due"
+        assert await raw.exists(due) == 0  # left on timeout
+        await holder.release()

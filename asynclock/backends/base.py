@@ -34,15 +34,20 @@ class Claim:
     a colon, and the coordinator's identity (so ``inspect`` can say who holds a lock
     without revealing a token that is only ever compared, never shown). ``handle`` is
     the backend's own per-lease state (cached key names, a pinned connection).
+    ``recheck`` is the longest a waiter sleeps between attempts (its backoff's maximum):
+    a backend that queues waiters keeps a place at least that long after each attempt.
     """
 
-    __slots__ = ("handle", "name", "shared", "token", "value")
+    __slots__ = ("handle", "name", "recheck", "shared", "token", "value")
 
-    def __init__(self, name: str, token: str, owner: str, shared: bool) -> None:
+    def __init__(
+        self, name: str, token: str, owner: str, shared: bool, *, recheck: float = 1.0
+    ) -> None:
         self.name = name
         self.token = token
         self.value = f"{token}:{owner}"
         self.shared = shared
+        self.recheck = recheck
         self.handle: Any = None
 
     def __repr__(self) -> str:

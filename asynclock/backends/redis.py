@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import secrets
 from collections import deque
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
@@ -57,11 +58,22 @@ Call = tuple[_scripts.Script, int, tuple[Any, ...]]
 
 
 class Keys(NamedTuple):
-    """The three names behind one lock; they share the hash tag ``{name}``."""
+    """The names behind one lock; they share the hash tag ``{name}``."""
 
     lock: str
     fence: str
     channel: str
+    queue: str  # waiters in arrival order (a sorted set)
+    due: str  # when each waiter's place in the queue lapses (a hash)
+
+
+# A waiter keeps its place in the queue for its longest sleep between attempts (it renews
+# the place with each attempt) plus this margin; one that died drops out after that, and
+# until then a release may wake it in vain (the others then wake by their own timers).
+QUEUE_MARGIN_MS = 1000
+
+# How long a wake-up channel stays subscribed after its last waiter got the lock.
+LINGER = 1.0
 
 
 def _noscript(error: ResponseError) -> bool:
@@ -157,7 +169,12 @@ class RedisBackend(Backend):
         self._where = f"Redis {describe_pool(client.connection_pool)}"
         self._errors = map_backend_errors(self._where, _DRIVER_ERRORS)
         self._hub = WakeHub()
-        self._subscriber = _Subscriber(client.connection_pool, self._hub, self._where)
+        # The suffix of this backend's wake-up channels: a release names the waiter it
+        # wakes and publishes to its client's channel alone.
+        self._inbox = secrets.token_hex(8)
+        self._subscriber = _Subscriber(
+            client.connection_pool, self._hub, self._where, inbox=f":{self._inbox}"
+        )
 
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 64, **options: Any) -> RedisBackend:
@@ -179,9 +196,9 @@ class RedisBackend(Backend):
     # -- keys ------------------------------------------------------------------------
 
     def keys(self, name: str) -> Keys:
-        """The lock key, fence counter key and wake-up channel of ``name``."""
+        """The lock key, fence counter key, wake-up channel and waiter queue of ``name``."""
         base = f"{self._prefix}:{{{name}}}"
-        return Keys(base, f"{base}:fence", f"{base}:wake")
+        return Keys(base, f"{base}:fence", f"{base}:wake", f"{base}:queue", f"{base}:due")
 
     def _claim_keys(self, claim: Claim) -> Keys:
         keys = claim.handle
@@ -190,8 +207,13 @@ class RedisBackend(Backend):
         return keys  # type: ignore[no-any-return]
 
     def channel(self, name: str) -> str:
-        """The pub/sub channel that wakes waiters for ``name``."""
+        """The pub/sub channel that wakes waiters for ``name`` (Redlock's, which do not
+        queue; queued waiters hear their own :meth:`inbox`)."""
         return f"{self._prefix}:{{{name}}}:wake"
+
+    def inbox(self, name: str) -> str:
+        """The channel on which this backend's queued waiters for ``name`` are woken."""
+        return f"{self._prefix}:{{{name}}}:wake:{self._inbox}"
 
     def topic_channel(self, topic: str) -> str:
         """The pub/sub channel of a topic (an election's announcements)."""
@@ -219,18 +241,31 @@ class RedisBackend(Backend):
     # Each operation is a call (script, number of keys, arguments): the same for every
     # node, which is what lets Redlock send one packed command to all of them.
 
-    def acquire_call(self, keys: Keys, value: str, ttl: float, floor: int | None = None) -> Call:
+    def acquire_call(
+        self,
+        keys: Keys,
+        value: str,
+        ttl: float,
+        floor: int | None = None,
+        *,
+        queue: float | None = None,
+    ) -> Call:
         """The acquire script: the new fence (> 0), or minus the holder's ms left (<= 0).
 
         ``floor``: the fence is at least this (Redlock proposes one value to all nodes).
+        ``queue``: if refused, join the waiter queue, keeping the place this many seconds
+        (the caller waits for a wake-up on :meth:`inbox` and tries again within that time).
         """
-        args: tuple[Any, ...] = (
-            keys.lock,
-            keys.fence,
-            value,
-            math.ceil(ttl * 1000),
-            self.retention_ms(ttl),
-        )
+        ttl_ms = math.ceil(ttl * 1000)
+        retention = self.retention_ms(ttl)
+        if queue is not None:
+            stay = math.ceil(queue * 1000) + QUEUE_MARGIN_MS
+            args: tuple[Any, ...] = (
+                keys.lock, keys.fence, keys.queue, keys.due,
+                value, ttl_ms, retention, floor or 0, stay, self._inbox,
+            )  # fmt: skip
+            return _scripts.ACQUIRE, 4, args
+        args = (keys.lock, keys.fence, value, ttl_ms, retention)
         if floor is not None:
             args += (floor,)
         return _scripts.ACQUIRE, 2, args
@@ -248,7 +283,11 @@ class RedisBackend(Backend):
         return _scripts.EXTEND, 2, args
 
     def release_call(self, keys: Keys, value: str) -> Call:
-        return _scripts.RELEASE, 2, (keys.lock, keys.channel, value)
+        return _scripts.RELEASE, 4, (keys.lock, keys.channel, keys.queue, keys.due, value)
+
+    def dequeue_call(self, keys: Keys, value: str) -> Call:
+        """Leave the waiter queue (a waiter that gave up), passing on a wake-up."""
+        return _scripts.DEQUEUE, 4, (keys.lock, keys.channel, keys.queue, keys.due, value)
 
     async def run(self, call: Call) -> Any:
         """Run a call on this node: the script's raw reply."""
@@ -291,7 +330,11 @@ class RedisBackend(Backend):
     # -- the Backend interface -------------------------------------------------------
 
     async def try_acquire(self, claim: Claim, ttl: float, *, wait: float | None = 0.0) -> Attempt:
-        reply = await self.acquire_keys(self._claim_keys(claim), claim.value, ttl)
+        # A caller that will wait joins the queue in the same script, so that a release
+        # wakes it alone rather than every waiter of every client.
+        queue = None if wait == 0 else claim.recheck
+        call = self.acquire_call(self._claim_keys(claim), claim.value, ttl, queue=queue)
+        reply = int(await self.run(call))
         if reply > 0:
             return Attempt(reply)
         return Attempt(None, -reply / 1000 if reply < 0 else None)
@@ -320,7 +363,14 @@ class RedisBackend(Backend):
         return LockInfo(name, owner_of(value), expires_in, fence)
 
     def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
-        return _Waiter(self._hub, self._subscriber, self.channel(name))
+        return _Waiter(self, self.keys(name), self.inbox(name))
+
+    async def _dequeue(self, keys: Keys, value: str) -> None:
+        """Leave the waiter queue, best effort: a place lapses on its own anyway."""
+        try:
+            await self.run(self.dequeue_call(keys, value))
+        except BackendError as exc:
+            logger.debug("leaving the waiter queue on %s failed: %s", self._where, exc)
 
     async def publish(self, topic: str, message: str) -> None:
         with self._errors:
@@ -417,22 +467,28 @@ class _Link:
 
 
 class _Waiter:
-    """``backend.waiter(name)``: a hub slot, registered before subscribing."""
+    """``backend.waiter(name)``: a hub slot, registered before subscribing.
 
-    __slots__ = ("_channel", "_hub", "_slot", "_subscriber")
+    The slot's ``tag`` is the waiting claim's value (set by the lock): a release that
+    names it in its message wakes this slot alone. Leaving without the lock (timed out,
+    cancelled) takes the claim out of the server's waiter queue.
+    """
 
-    def __init__(self, hub: WakeHub, subscriber: _Subscriber, channel: str) -> None:
-        self._hub = hub
-        self._subscriber = subscriber
-        self._channel = channel
+    __slots__ = ("_backend", "_inbox", "_keys", "_slot")
+
+    def __init__(self, backend: RedisBackend, keys: Keys, inbox: str) -> None:
+        self._backend = backend
+        self._keys = keys
+        self._inbox = inbox
         self._slot: WakeSlot | None = None
 
     async def __aenter__(self) -> WakeSlot:
-        slot = self._slot = self._hub.register(self._channel)
+        backend = self._backend
+        slot = self._slot = backend._hub.register(self._keys.channel)
         try:
-            await self._subscriber.subscribe(self._channel)
+            await backend._subscriber.subscribe(self._inbox)
         except BaseException:
-            self._hub.unregister(slot)
+            backend._hub.unregister(slot)
             raise
         return slot
 
@@ -442,11 +498,20 @@ class _Waiter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._slot is not None
-        self._hub.unregister(self._slot)
-        # A waiter that gives up (cancelled, timed out) leaves only once the server has
-        # dropped its subscription; one that got the lock does not wait for that.
-        await self._subscriber.unsubscribe(self._channel, confirm=exc_type is not None)
+        slot = self._slot
+        assert slot is not None
+        backend = self._backend
+        backend._hub.unregister(slot)
+        if exc_type is None or slot.tag is None:
+            # Granted: the acquire script took the claim out of the queue already.
+            await backend._subscriber.unsubscribe(self._inbox, confirm=False)
+            return
+        # A waiter that gives up (cancelled, timed out) leaves the queue, and leaves only
+        # once the server has dropped its subscription: both round trips at once.
+        await asyncio.gather(
+            backend._dequeue(self._keys, slot.tag),
+            backend._subscriber.unsubscribe(self._inbox, confirm=True),
+        )
 
 
 class _Listener:
@@ -491,10 +556,11 @@ class _Subscriber:
     confirmed (a ``PING`` sent after the ``SUBSCRIBE`` answers after it).
     """
 
-    def __init__(self, pool: ConnectionPool, hub: WakeHub, where: str) -> None:
+    def __init__(self, pool: ConnectionPool, hub: WakeHub, where: str, *, inbox: str) -> None:
         self._pool = pool
         self._hub = hub
         self._where = where
+        self._inbox = inbox  # the suffix of this client's own wake-up channels
         self._timeout = float(pool.connection_kwargs.get("socket_timeout") or 5.0)
         self._refs: dict[str, int] = {}
         # Resolved when the server confirmed the channel's subscription.
@@ -511,8 +577,13 @@ class _Subscriber:
         self._opened: set[AbstractConnection] = set()
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
+        # Channels nobody listens to any more, still subscribed for a moment (see
+        # unsubscribe), with the timer that drops them; their refs are 0.
+        self._lingering: dict[str, asyncio.TimerHandle] = {}
+        self._dropping: set[asyncio.Task[None]] = set()
 
     def channels(self) -> list[str]:
+        """Channels subscribed (or being subscribed), lingering ones included."""
         return list(self._refs)
 
     def deliver(self, channel: str, mailbox: Mailbox) -> None:
@@ -530,8 +601,11 @@ class _Subscriber:
             raise BackendError(f"{self._where}: the coordinator is closed")
         refs = self._refs.get(channel, 0)
         self._refs[channel] = refs + 1
+        lingering = self._lingering.pop(channel, None)
+        if lingering is not None:
+            lingering.cancel()  # still subscribed: nothing to send
         try:
-            if refs == 0:
+            if refs == 0 and lingering is None:
                 self._ready[channel] = asyncio.get_running_loop().create_future()
                 if self._conn is not None:
                     await self._send("SUBSCRIBE", channel)
@@ -551,11 +625,33 @@ class _Subscriber:
             raise
 
     async def unsubscribe(self, channel: str, *, confirm: bool) -> None:
-        """Drop one reference; the last one unsubscribes (and waits for it if ``confirm``)."""
+        """Drop one reference; the last one unsubscribes.
+
+        With ``confirm`` (a waiter that gives up) it sends ``UNSUBSCRIBE`` and waits for the
+        server's answer. Without (a waiter that got the lock), the subscription lingers for
+        :data:`LINGER` seconds: nothing is sent on the way to the grant, and the next wait
+        for the same lock (a hot lock, a worker loop) needs no new ``SUBSCRIBE``.
+        """
         refs = self._refs.get(channel, 0) - 1
         if refs > 0:
             self._refs[channel] = refs
             return
+        if not confirm and refs == 0 and self._conn is not None and not self._closed:
+            self._refs[channel] = 0
+            loop = asyncio.get_running_loop()
+            self._lingering[channel] = loop.call_later(LINGER, self._drop, channel)
+            return
+        await self._unsubscribe_now(channel, confirm=confirm)
+
+    def _drop(self, channel: str) -> None:
+        """A lingering channel's time is up: unsubscribe, unless someone came back."""
+        self._lingering.pop(channel, None)
+        if self._refs.get(channel) == 0:
+            task = asyncio.ensure_future(self._unsubscribe_now(channel, confirm=False))
+            self._dropping.add(task)
+            task.add_done_callback(self._dropping.discard)
+
+    async def _unsubscribe_now(self, channel: str, *, confirm: bool) -> None:
         self._refs.pop(channel, None)
         ready = self._ready.pop(channel, None)
         if ready is not None and not ready.done():
@@ -728,7 +824,12 @@ class _Subscriber:
     def _on_message(self, channel: str, payload: bytes | str) -> None:
         mailboxes = self._mailboxes.get(channel)
         if mailboxes is None:
-            self._hub.announce(channel, payload)
+            # "<release id>" on a lock's channel, "<release id> <waiter>" on our inbox for
+            # it (see _scripts.RELEASE); slots are kept under the lock's channel.
+            if channel.endswith(self._inbox):
+                channel = channel[: -len(self._inbox)]
+            release, _, target = _text(payload).partition(" ")
+            self._hub.announce(channel, release, target or None)
         else:
             for mailbox in mailboxes:
                 mailbox.put(_text(payload))
@@ -754,6 +855,11 @@ class _Subscriber:
 
     async def aclose(self) -> None:
         self._closed = True
+        for timer in self._lingering.values():
+            timer.cancel()
+        self._lingering.clear()
+        for task in list(self._dropping):
+            task.cancel()
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.cancel()
