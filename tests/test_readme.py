@@ -99,3 +99,26 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "pip install -e '.[test]'" in ci
     assert command.split("&&")[-1].strip().replace(".venv/bin/", "") in ci
+
+
+def test_main_job_runs_on_embedded_servers() -> None:
+    """The README's main-job command names the installed console script and an existing
+    extra, and that command, shortened with --quick, runs on embedded servers."""
+    line = next(line for line in README.splitlines() if "pip install -e '.[bench]'" in line)
+    command = line.split("&&")[-1].split()
+    assert command[0] == ".venv/bin/asynclock"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'asynclock = "asynclock.cli:main"' in pyproject
+    assert re.search(r"^bench = \[", pyproject, flags=re.MULTILINE)
+    script = Path(sys.executable).parent / "asynclock"
+    assert script.exists(), "the asynclock console script is not installed"
+    done = subprocess.run(  # noqa: S603 - our own console script
+        [str(script), *command[1:], "--quick", "--only", "uncontended", "--no-peers", "--plain"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "asynclock async with" in done.stdout
+    assert "Targets" in done.stdout
