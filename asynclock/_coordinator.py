@@ -34,7 +34,14 @@ R = TypeVar("R")
 
 _DEFAULT_RETRY = Backoff()
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
-_SCHEMES = ("memory", *_REDIS_SCHEMES, "postgresql", "postgres")
+_SCHEMES = (
+    "memory",
+    *_REDIS_SCHEMES,
+    "redis+sentinel",
+    "redis+cluster",
+    "postgresql",
+    "postgres",
+)
 # How long aclose() waits for releases and clean-ups still in flight.
 _CLOSE_TIMEOUT = 5.0
 
@@ -306,9 +313,12 @@ def connect(target: str | Sequence[str], **options: Any) -> Coordinator:
 
     ``memory://`` and ``memory://NAME`` (in-process; the same NAME shares one lock table),
     ``redis://``, ``rediss://`` and ``unix://`` (one Redis/Valkey node),
+    ``redis+sentinel://host:port,host:port/service`` (the master Sentinel names),
+    ``redis+cluster://host:port`` (Redis Cluster),
     ``postgresql://`` and ``postgres://`` (PostgreSQL advisory locks). ``options``:
     ``identity``, ``drift_factor``, ``drift_base``; for Redis ``prefix``,
-    ``fence_retention``, ``max_connections`` (default 64) and redis-py pool options; for
+    ``fence_retention``, ``sync_replicas`` and ``sync_timeout`` (not on Cluster),
+    ``max_connections`` (default 64) and redis-py pool options; for
     PostgreSQL ``namespace``, ``schema``, ``fence_sequence``, ``max_connections`` (default
     32) and ``asyncpg.create_pool`` options. A list of Redis URLs (3 or more) is Redlock
     over those independent nodes, with ``node_timeout`` (default 0.05 s) and the Redis

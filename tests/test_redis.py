@@ -179,6 +179,27 @@ class TestScripts:
         assert 9 < other.retry_after <= 10
         assert await backend.release(claim)
 
+    async def test_scripts_load_on_redis_py_connections(
+        self, asynclock_redis_url: str, raw: Redis
+    ) -> None:
+        """On redis-py's own connections (what TLS, Sentinel and client_name use) a
+        script the server does not know is loaded and the call retried: first use, after
+        SCRIPT FLUSH, waiting and waking included."""
+        await raw.script_flush()
+        async with (
+            asynclock.connect(asynclock_redis_url, client_name="rp") as a,
+            asynclock.connect(asynclock_redis_url, client_name="rp") as b,
+        ):
+            assert type(redis_backend(a)._link).__name__ == "_Link"
+            lease = await a.lock("on-redis-py", ttl=5).acquire()
+            waiter = asyncio.create_task(b.lock("on-redis-py", ttl=5, timeout=5).acquire())
+            await asyncio.sleep(0.1)
+            await raw.script_flush()
+            await lease.release()
+            second = await waiter
+            assert second.fence > lease.fence
+            await second.release()
+
     async def test_fences_survive_a_restart_empty(self, private: ValkeyServer) -> None:
         """After the server restarts with no data, fences still grow (server clock, µs)."""
         async with asynclock.connect(private.url) as coord:

@@ -24,6 +24,7 @@ __all__ = (
     "RAISE_FENCE",
     "RELEASE",
     "Script",
+    "sharded",
 )
 
 
@@ -37,6 +38,25 @@ class Script:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())  # noqa: S324 - Redis names scripts by SHA1
+
+
+_SHARDED: dict[str, Script] = {}
+
+
+def sharded(script: Script) -> Script:
+    """The variant of ``script`` for Redis Cluster: wake-ups go out with ``SPUBLISH``.
+
+    Sharded pub/sub delivers a message only within the shard that owns the channel's slot
+    (the lock's slot: the channels share its hash tag), instead of broadcasting it over the
+    cluster bus to every node. Same source otherwise; the same script for scripts that
+    publish nothing.
+    """
+    variant = _SHARDED.get(script.name)
+    if variant is None:
+        source = script.source.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',")
+        variant = script if source == script.source else Script(f"{script.name}_sharded", source)
+        _SHARDED[script.name] = variant
+    return variant
 
 
 ACQUIRE = Script(

@@ -13,18 +13,21 @@ import logging
 import math
 import secrets
 from collections import deque
-from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
+from urllib.parse import unquote, urlsplit
 
 import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
 
 from .._backoff import Backoff
 from .._clock import Clock
@@ -47,6 +50,8 @@ _EXTEND_CHUNK = 512
 def describe_pool(pool: ConnectionPool) -> str:
     """``host:port/db`` or the socket path of a pool, never its credentials."""
     kw = pool.connection_kwargs
+    if isinstance(pool, SentinelConnectionPool):
+        return f"sentinel service {pool.service_name}/{kw.get('db', 0)}"
     if "path" in kw:
         where = f"unix://{kw['path']}"
     else:
@@ -77,8 +82,9 @@ LINGER = 1.0
 
 
 def _noscript(error: ResponseError) -> bool:
-    """The server does not know the script (after a restart or SCRIPT FLUSH)."""
-    return str(error).startswith("NOSCRIPT")
+    """The server does not know the script (after a restart or SCRIPT FLUSH). redis-py's
+    connections raise NoScriptError ("No matching script."); ours keep the server's text."""
+    return isinstance(error, NoScriptError) or str(error).startswith("NOSCRIPT")
 
 
 def _text(value: bytes | str) -> str:
@@ -103,7 +109,7 @@ def _pack(args: tuple[Any, ...]) -> bytes:
     return packed
 
 
-def client_from_url(url: str, *, max_connections: int = 64, **options: Any) -> Redis:
+def client_from_url(url: str, *, max_connections: int = 64, **options: Any) -> Redis | RedisCluster:
     """A redis.asyncio client with asynclock's defaults, for a backend to own.
 
     A bounded *blocking* pool (extra callers queue for a connection), 5 s connect and read
@@ -125,63 +131,184 @@ def client_from_url(url: str, *, max_connections: int = 64, **options: Any) -> R
     }
     if not url.startswith("unix://"):
         pool_options["socket_keepalive"] = True
+    if url.startswith("redis+sentinel://"):
+        return _sentinel_client(url, max_connections, {**pool_options, **options})
+    if url.startswith("redis+cluster://"):
+        return _cluster_client(url, max_connections, {**pool_options, **options})
     pool_options.update(options)
     pool = BlockingConnectionPool.from_url(url, max_connections=max_connections, **pool_options)
     pool.make_connection()  # type: ignore[no-untyped-call]  # builds, does not connect
     return Redis.from_pool(pool)
 
 
-class RedisBackend(Backend):
-    """Locks on one Redis/Valkey node.
+def _hosts(url: str) -> tuple[dict[str, Any], list[tuple[str, int]], str]:
+    """``(credentials, [(host, port)], path)`` of ``scheme://[user:pass@]h:p,h:p/path``."""
+    parts = urlsplit(url)
+    if parts.query or parts.fragment:
+        raise ValueError(
+            f"{parts.scheme}:// URLs take no query string: pass options as keyword arguments"
+        )
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    credentials: dict[str, Any] = {}
+    if userinfo:
+        user, has_password, password = userinfo.partition(":")
+        if user:
+            credentials["username"] = unquote(user)
+        if has_password:
+            credentials["password"] = unquote(password)
+    hosts: list[tuple[str, int]] = []
+    for item in hostlist.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host:
+            host, port = item.strip(), ""
+        host = host.strip("[]")
+        if not host:
+            raise ValueError(f"{parts.scheme}:// URL has an empty host")
+        try:
+            number = int(port) if port else 26379 if "sentinel" in parts.scheme else 6379
+        except ValueError:
+            raise ValueError(f"{parts.scheme}:// URL has a bad port {port!r}") from None
+        if not 0 < number < 65536:
+            raise ValueError(f"{parts.scheme}:// URL has a port out of range: {number}")
+        hosts.append((host, number))
+    return credentials, hosts, parts.path
 
-    ``client`` is a ``redis.asyncio.Redis`` the application owns: it is not closed by
+
+def _sentinel_client(url: str, max_connections: int, options: dict[str, Any]) -> Redis:
+    """``redis+sentinel://[user:pass@]h:p,h:p/service[/db]``: a client of the service's
+    current master, which asks the sentinels again whenever a connection is (re)made and
+    drops connections to a master that was demoted."""
+    credentials, hosts, path = _hosts(url)
+    service, _, db = path.strip("/").partition("/")
+    if not service:
+        raise ValueError("redis+sentinel:// URL names no service: .../service_name")
+    if db:
+        if not db.isdigit():
+            raise ValueError(f"redis+sentinel:// URL has a bad database number {db!r}")
+        options["db"] = int(db)
+    options.pop("timeout", None)  # a blocking pool's option: Sentinel's pool does not block
+    sentinel_kwargs = {
+        key: options[key]
+        for key in ("socket_connect_timeout", "socket_timeout", "protocol", *_NO_SETINFO)
+        if key in options
+    }
+    for key in ("sentinel_username", "sentinel_password"):
+        if key in options:
+            sentinel_kwargs[key.removeprefix("sentinel_")] = options.pop(key)
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **credentials, **options)  # type: ignore[no-untyped-call]
+    client: Redis = sentinel.master_for(service, max_connections=max_connections)
+    client.connection_pool.asynclock_sentinel = sentinel  # type: ignore[attr-defined]
+    return client
+
+
+def _cluster_client(url: str, max_connections: int, options: dict[str, Any]) -> RedisCluster:
+    """``redis+cluster://[user:pass@]h:p[,h:p]``: a cluster client that follows ``MOVED``
+    and ``ASK`` and refreshes its slot map after a failover."""
+    credentials, hosts, path = _hosts(url)
+    if path.strip("/"):
+        raise ValueError("redis+cluster:// URLs take no database or path (Cluster has db 0)")
+    # No blocking pool for Cluster; and its own retries, which follow MOVED/ASK and
+    # failovers (a script they re-send after a lost reply is harmless: see the README).
+    for key in ("timeout", "retry"):
+        options.pop(key, None)
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in hosts],
+        max_connections=max_connections,
+        **credentials,
+        **options,
+    )
+
+
+class RedisBackend(Backend):
+    """Locks on one Redis/Valkey node, a Sentinel-managed master, or a Redis Cluster.
+
+    ``client`` is a ``redis.asyncio.Redis`` (a plain one, or ``Sentinel.master_for()``'s)
+    or a ``redis.asyncio.cluster.RedisCluster`` the application owns: it is not closed by
     ``aclose()``. Keys are ``{prefix}:{{name}}`` (the lock), ``{prefix}:{{name}}:fence``
-    (the fence counter) and the channel ``{prefix}:{{name}}:wake``. The fence counter
-    expires ``fence_retention`` seconds (at least 2 ttl) after the lock was last taken or
-    renewed; fences then continue from the server's clock in microseconds (README).
+    (the fence counter) and the channel ``{prefix}:{{name}}:wake``: one hash tag, one
+    Cluster slot. The fence counter expires ``fence_retention`` seconds (at least 2 ttl)
+    after the lock was last taken or renewed; fences then continue from the server's clock
+    in microseconds (README).
+
+    ``sync_replicas=N`` (not on Cluster): after a grant, ``WAIT N`` on the same connection
+    until N replicas have the key, at most ``sync_timeout`` seconds; fewer confirmations
+    fail the acquire with ``BackendError`` (and the grant is released). It makes losing a
+    lock in a failover less likely, not impossible: fences still decide (README).
     """
 
     def __init__(
         self,
-        client: Redis,
+        client: Redis | RedisCluster,
         *,
         prefix: str = "asynclock",
         fence_retention: float = 3600.0,
+        sync_replicas: int = 0,
+        sync_timeout: float = 1.0,
         clock: Clock | None = None,
         drift_factor: float = 0.01,
         drift_base: float = 0.002,
     ) -> None:
         super().__init__(clock=clock, drift_factor=drift_factor, drift_base=drift_base)
-        if not isinstance(client, Redis):
-            raise TypeError(f"client must be a redis.asyncio.Redis, got {type(client).__name__}")
+        if not isinstance(client, Redis | RedisCluster):
+            raise TypeError(
+                "client must be a redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster, "
+                f"got {type(client).__name__}"
+            )
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
         if not prefix or "{" in prefix or "}" in prefix:
             raise ValueError(f"prefix must be non-empty and free of '{{' and '}}', got {prefix!r}")
+        if isinstance(sync_replicas, bool) or not isinstance(sync_replicas, int):
+            raise TypeError(f"sync_replicas must be an int, got {type(sync_replicas).__name__}")
+        if sync_replicas < 0:
+            raise ValueError(f"sync_replicas must be >= 0, got {sync_replicas}")
+        self._sync_replicas = sync_replicas
+        self._sync_timeout_ms = math.ceil(
+            check_number("sync_timeout", sync_timeout, positive=True) * 1000
+        )
         self._client = client
-        # The fast pipelined connection where the pool's settings allow it, else redis-py's.
-        self._link: _Link | Pipe = pipe_for(client.connection_pool) or _Link(client.connection_pool)
+        self._cluster = isinstance(client, RedisCluster)
+        self._link: _Link | Pipe | _ClusterLink
+        self._subscriber: _Subscriber | _ShardedSubscriber
+        self._inbox = secrets.token_hex(8)
+        self._hub = WakeHub()
+        if isinstance(client, RedisCluster):
+            if sync_replicas:
+                raise ValueError(
+                    "sync_replicas is not supported on Redis Cluster (WAIT needs the "
+                    "connection that wrote, which the cluster client does not expose)"
+                )
+            nodes = ",".join(client.nodes_manager.startup_nodes)
+            self._where = f"Redis Cluster {nodes}"
+            self._link = _ClusterLink(client)
+            self._subscriber = _ShardedSubscriber(
+                client, self._hub, self._where, inbox=f":{self._inbox}"
+            )
+        else:
+            pool = client.connection_pool
+            self._where = f"Redis {describe_pool(pool)}"
+            # The fast pipelined connection where the pool's settings allow it, else
+            # redis-py's (Sentinel, TLS, ...; and for WAIT, which blocks its connection).
+            fast = None if sync_replicas else pipe_for(pool)
+            self._link = fast or _Link(pool)
+            # The suffix of this backend's wake-up channels: a release names the waiter it
+            # wakes and publishes to its client's channel alone.
+            self._subscriber = _Subscriber(pool, self._hub, self._where, inbox=f":{self._inbox}")
         self._prefix = prefix
         self._retention_ms = math.ceil(
             check_number("fence_retention", fence_retention, positive=True) * 1000
         )
         self._owns_client = False
-        self._where = f"Redis {describe_pool(client.connection_pool)}"
         self._errors = map_backend_errors(self._where, _DRIVER_ERRORS)
-        self._hub = WakeHub()
-        # The suffix of this backend's wake-up channels: a release names the waiter it
-        # wakes and publishes to its client's channel alone.
-        self._inbox = secrets.token_hex(8)
-        self._subscriber = _Subscriber(
-            client.connection_pool, self._hub, self._where, inbox=f":{self._inbox}"
-        )
 
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 64, **options: Any) -> RedisBackend:
         """A backend on a client of its own (closed by ``aclose()``) with a blocking pool.
 
-        Under load, extra concurrent operations queue for a free connection rather than
-        fail. ``options`` not meant for :class:`RedisBackend` go to the connection pool.
+        ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://h:p,h:p/service[/db]``
+        and ``redis+cluster://h:p[,h:p]``. Under load, extra concurrent operations queue for
+        a free connection rather than fail (Sentinel and Cluster pools raise instead).
+        ``options`` not meant for :class:`RedisBackend` go to the connection pool.
         """
         own = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
         backend = cls(client_from_url(url, max_connections=max_connections, **options), **own)
@@ -222,6 +349,8 @@ class RedisBackend(Backend):
     # -- one node's operations (also the building blocks of Redlock) ------------------
 
     async def _eval(self, script: _scripts.Script, numkeys: int, *args: Any) -> Any:
+        if self._cluster:
+            script = _scripts.sharded(script)
         execute = self._link.execute
         with self._errors:
             try:
@@ -229,10 +358,45 @@ class RedisBackend(Backend):
             except ResponseError as exc:
                 if not _noscript(exc):
                     raise
-                # After a restart or SCRIPT FLUSH: load it and try once more.
+                # After a restart, a failover or SCRIPT FLUSH: load it and try once more.
                 logger.debug("script %s not loaded on %s; loading", script.name, self._where)
-                await execute("SCRIPT", "LOAD", script.source)
+                await self._load(script, execute)
                 return await execute("EVALSHA", script.sha, numkeys, *args)
+
+    async def _load(self, script: _scripts.Script, execute: _Run) -> None:
+        client = self._client
+        if isinstance(client, RedisCluster):
+            await client.script_load(script.source)  # on every primary
+        else:
+            await execute("SCRIPT", "LOAD", script.source)
+
+    async def _acquire_synced(self, keys: Keys, value: str, call: Call) -> int:
+        """The acquire script, then ``WAIT`` on the same connection if it was granted."""
+        link = self._link
+        assert isinstance(link, _Link)  # sync_replicas never uses the pipelined link
+        script, numkeys, args = call
+        wanted = self._sync_replicas
+        with self._errors:
+            async with link.pinned() as run:
+                try:
+                    reply = int(await run("EVALSHA", script.sha, numkeys, *args))
+                except ResponseError as exc:
+                    if not _noscript(exc):
+                        raise
+                    await self._load(script, run)
+                    reply = int(await run("EVALSHA", script.sha, numkeys, *args))
+                if reply <= 0:
+                    return reply
+                confirmed = int(await run("WAIT", wanted, self._sync_timeout_ms))
+                if confirmed < wanted:
+                    # Not durable enough for the caller: give the grant back now.
+                    await self.run(self.release_call(keys, value))
+        if confirmed < wanted:
+            raise BackendError(
+                f"{self._where}: the lock reached {confirmed} of the {wanted} replicas "
+                f"sync_replicas asks for within {self._sync_timeout_ms / 1000:g}s"
+            )
+        return reply
 
     def retention_ms(self, ttl: float) -> int:
         """ms the fence counter outlives the lock's last use: never less than 2 ttl."""
@@ -304,6 +468,24 @@ class RedisBackend(Backend):
 
     async def extend_many_keys(self, items: Sequence[tuple[Keys, str, float]]) -> list[bool]:
         """EXTEND for many locks, one script call per chunk. Raises ``BackendError``."""
+        client = self._client
+        if isinstance(client, RedisCluster) and len(items) > 1:
+            # A script's keys must share a slot: one batch per slot, all at once.
+            by_slot: dict[int, list[int]] = {}
+            for index, (lock_keys, _, _) in enumerate(items):
+                by_slot.setdefault(client.keyslot(lock_keys.lock), []).append(index)
+            groups = list(by_slot.values())
+            replies = await asyncio.gather(
+                *(self._extend_chunks([items[i] for i in group]) for group in groups)
+            )
+            results = [False] * len(items)
+            for group, extended in zip(groups, replies, strict=True):
+                for index, ok in zip(group, extended, strict=True):
+                    results[index] = ok
+            return results
+        return await self._extend_chunks(items)
+
+    async def _extend_chunks(self, items: Sequence[tuple[Keys, str, float]]) -> list[bool]:
         results: list[bool] = []
         for start in range(0, len(items), _EXTEND_CHUNK):
             chunk = items[start : start + _EXTEND_CHUNK]
@@ -333,8 +515,12 @@ class RedisBackend(Backend):
         # A caller that will wait joins the queue in the same script, so that a release
         # wakes it alone rather than every waiter of every client.
         queue = None if wait == 0 else claim.recheck
-        call = self.acquire_call(self._claim_keys(claim), claim.value, ttl, queue=queue)
-        reply = int(await self.run(call))
+        keys = self._claim_keys(claim)
+        call = self.acquire_call(keys, claim.value, ttl, queue=queue)
+        if self._sync_replicas:
+            reply = await self._acquire_synced(keys, claim.value, call)
+        else:
+            reply = int(await self.run(call))
         if reply > 0:
             return Attempt(reply)
         return Attempt(None, -reply / 1000 if reply < 0 else None)
@@ -373,8 +559,9 @@ class RedisBackend(Backend):
             logger.debug("leaving the waiter queue on %s failed: %s", self._where, exc)
 
     async def publish(self, topic: str, message: str) -> None:
+        command = "SPUBLISH" if self._cluster else "PUBLISH"
         with self._errors:
-            await self._link.execute("PUBLISH", self.topic_channel(topic), message)
+            await self._link.execute(command, self.topic_channel(topic), message)
 
     def listen(self, topic: str) -> AbstractAsyncContextManager[Mailbox]:
         return _Listener(self._subscriber, self.topic_channel(topic))
@@ -384,6 +571,11 @@ class RedisBackend(Backend):
         await self._link.aclose()
         if self._owns_client:
             await self._client.aclose()
+            pool = getattr(self._client, "connection_pool", None)
+            sentinel: Sentinel | None = getattr(pool, "asynclock_sentinel", None)
+            if sentinel is not None:
+                for sentinel_client in sentinel.sentinels:
+                    await sentinel_client.aclose()
 
     def describe(self) -> str:
         return f"RedisBackend {self._where[len('Redis ') :]} prefix={self._prefix!r}"
@@ -391,7 +583,7 @@ class RedisBackend(Backend):
     # -- introspection for tests and stats -------------------------------------------
 
     @property
-    def client(self) -> Redis:
+    def client(self) -> Redis | RedisCluster:
         """The redis.asyncio client in use."""
         return self._client
 
@@ -404,7 +596,15 @@ class RedisBackend(Backend):
         return self._subscriber.channels()
 
 
-_BACKEND_OPTIONS = ("prefix", "fence_retention", "clock", "drift_factor", "drift_base")
+_BACKEND_OPTIONS = (
+    "prefix",
+    "fence_retention",
+    "sync_replicas",
+    "sync_timeout",
+    "clock",
+    "drift_factor",
+    "drift_base",
+)
 
 
 class _Link:
@@ -430,21 +630,45 @@ class _Link:
         self._closed = False
 
     async def execute(self, *args: Any) -> Any:
+        try:
+            async with self.pinned() as run:
+                return await run(*args)
+        except RedisConnectionError as exc:
+            if not isinstance(exc.__context__, ReadOnlyError):
+                raise
+        # Sentinel: the master we were connected to was demoted and refused the command
+        # (it did not run); the connection was dropped and a new one asks the sentinels.
+        async with self.pinned() as run:
+            return await run(*args)
+
+    @asynccontextmanager
+    async def pinned(self) -> AsyncIterator[_Run]:
+        """One connection for several commands in a row (``WAIT`` after a write)."""
         if self._closed:
             raise RedisConnectionError("the coordinator was closed")
         idle = self._idle
-        if idle:
+        kept = bool(idle)
+        if kept:
             conn = idle.pop()
-            reader = getattr(conn, "_reader", None)
-            if reader is not None and reader.at_eof():
-                # Closed by the server while idle (restart, timeout): reconnect first,
-                # rather than fail one command on a dead socket.
-                await conn.disconnect(nowait=True)
         else:
             conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
+
+        async def run(*args: Any) -> Any:
             await conn.send_packed_command(_pack(args), check_health=False)
             return await conn.read_response()
+
+        try:
+            if kept:
+                reader = getattr(conn, "_reader", None)
+                if reader is not None and reader.at_eof():
+                    # Closed by the server while idle (restart, timeout): reconnect
+                    # first, rather than fail one command on a dead socket.
+                    await conn.disconnect(nowait=True)
+                if not conn.is_connected:
+                    # connect(), not the implicit reconnect of a send: a Sentinel-managed
+                    # connection asks the sentinels for the master only in connect().
+                    await conn.connect()  # type: ignore[no-untyped-call]
+            yield run
         finally:
             if self.closed():
                 # Closed while this command was in flight: the pool may already have
@@ -464,6 +688,45 @@ class _Link:
         idle, self._idle = self._idle, []
         for conn in idle:
             await self._pool.release(conn)
+
+
+class _Run(Protocol):
+    async def __call__(self, *args: Any) -> Any: ...
+
+
+class _ClusterLink:
+    """Commands through the cluster client, which routes each by its keys' slot and
+    follows ``MOVED``/``ASK`` and failovers.
+
+    The cluster client's per-node pools raise ``MaxConnectionsError`` when exhausted
+    instead of queueing; at most ``max_connections`` commands are in flight here, so a
+    burst of acquires waits for a connection as it does on one node.
+    """
+
+    __slots__ = ("_client", "_closed", "_slots")
+
+    def __init__(self, client: RedisCluster) -> None:
+        self._client = client
+        self._closed = False
+        limit = int(client.get_connection_kwargs().get("max_connections") or 100)
+        self._slots = asyncio.Semaphore(limit)
+
+    async def execute(self, *args: Any) -> Any:
+        if self._closed:
+            raise RedisConnectionError("the coordinator was closed")
+        async with self._slots:
+            try:
+                return await self._client.execute_command(*args)
+            except AttributeError as exc:
+                # redis-py 8.1's cluster client can send on a connection another task
+                # just closed (during a failover): "'NoneType' object has no attribute
+                # 'writelines'". The command was not sent.
+                raise RedisConnectionError(
+                    f"cluster connection closed under the command: {exc}"
+                ) from exc
+
+    async def aclose(self) -> None:
+        self._closed = True
 
 
 class _Waiter:
@@ -519,7 +782,7 @@ class _Listener:
 
     __slots__ = ("_channel", "_mailbox", "_subscriber")
 
-    def __init__(self, subscriber: _Subscriber, channel: str) -> None:
+    def __init__(self, subscriber: _Subscriber | _ShardedSubscriber, channel: str) -> None:
         self._subscriber = subscriber
         self._channel = channel
         self._mailbox = Mailbox()
@@ -556,11 +819,16 @@ class _Subscriber:
     confirmed (a ``PING`` sent after the ``SUBSCRIBE`` answers after it).
     """
 
-    def __init__(self, pool: ConnectionPool, hub: WakeHub, where: str, *, inbox: str) -> None:
+    def __init__(
+        self, pool: _Source, hub: WakeHub, where: str, *, inbox: str, sharded: bool = False
+    ) -> None:
         self._pool = pool
         self._hub = hub
         self._where = where
         self._inbox = inbox  # the suffix of this client's own wake-up channels
+        # Redis Cluster: shard channels (SSUBSCRIBE), served by the node owning the slot.
+        self._subscribe = "SSUBSCRIBE" if sharded else "SUBSCRIBE"
+        self._unsubscribe = "SUNSUBSCRIBE" if sharded else "UNSUBSCRIBE"
         self._timeout = float(pool.connection_kwargs.get("socket_timeout") or 5.0)
         self._refs: dict[str, int] = {}
         # Resolved when the server confirmed the channel's subscription.
@@ -608,7 +876,7 @@ class _Subscriber:
             if refs == 0 and lingering is None:
                 self._ready[channel] = asyncio.get_running_loop().create_future()
                 if self._conn is not None:
-                    await self._send("SUBSCRIBE", channel)
+                    await self._send(self._subscribe, channel)
                 if self._reader is None:
                     # It connects if needed and subscribes every wanted channel.
                     self._reader = asyncio.create_task(self._run(), name="asynclock-pubsub")
@@ -661,7 +929,7 @@ class _Subscriber:
         done = asyncio.get_running_loop().create_future() if confirm else None
         self._unsubscribing.setdefault(channel, deque()).append(done)
         try:
-            await self._send("UNSUBSCRIBE", channel)
+            await self._send(self._unsubscribe, channel)
         except BackendError:
             return  # the connection broke: nothing is subscribed on it any more
         if done is not None:
@@ -673,7 +941,7 @@ class _Subscriber:
         conn = self._conn
         if conn is None or self._closed:
             raise BackendError(f"{self._where}: pub/sub connection closed")
-        if command == "SUBSCRIBE":
+        if command == self._subscribe:
             for channel in channels:
                 self._unconfirmed[channel] = self._unconfirmed.get(channel, 0) + 1
         try:
@@ -744,7 +1012,7 @@ class _Subscriber:
         channels = list(self._refs)
         try:
             if channels:
-                await self._send("SUBSCRIBE", *channels)
+                await self._send(self._subscribe, *channels)
                 if resync:
                     await self._send("PING")
         except BackendError:
@@ -810,6 +1078,8 @@ class _Subscriber:
     def _dispatch(self, reply: Any) -> bool:
         """Handle one reply; True when the server says nothing is subscribed any more."""
         kind = _text(reply[0])
+        if kind[0] == "s" and kind[1] != "u":  # smessage, ssubscribe, sunsubscribe
+            kind = kind[1:]
         if kind == "message":
             self._on_message(_text(reply[1]), reply[2])
         elif kind == "subscribe":
@@ -878,6 +1148,122 @@ class _Subscriber:
         self._ready.clear()
         self._refs.clear()
         self._connection_lost(closed)
+
+
+class _Source(Protocol):
+    """Where a subscriber makes its connections: a connection pool or a cluster node."""
+
+    @property
+    def connection_class(self) -> type[AbstractConnection]: ...
+
+    @property
+    def connection_kwargs(self) -> dict[str, Any]: ...
+
+
+class _ShardedSubscriber:
+    """Redis Cluster: a :class:`_Subscriber` (``SSUBSCRIBE``) per node, each channel on the
+    node that owns its slot, which is where the scripts' ``SPUBLISH`` delivers.
+
+    A channel keeps its node while anyone listens. If that node dies, its subscriber wakes
+    everyone (a release may have been missed) and keeps trying to reconnect; waiters then
+    retry on their timers (the holder's TTL, the backoff) until they get the lock, and the
+    next wait is routed to the slot's new owner.
+    """
+
+    def __init__(self, client: RedisCluster, hub: WakeHub, where: str, *, inbox: str) -> None:
+        self._client = client
+        self._hub_ = hub
+        self._where = where
+        self._inbox = inbox
+        self._nodes: dict[str, _Subscriber] = {}
+        self._route: dict[str, _Subscriber] = {}
+        self._refs: dict[str, int] = {}
+        self._mailboxes: dict[str, set[Mailbox]] = {}
+        self._closed = False
+
+    @property
+    def _hub(self) -> WakeHub:
+        return self._hub_
+
+    @_hub.setter
+    def _hub(self, hub: WakeHub) -> None:
+        self._hub_ = hub
+        for subscriber in self._nodes.values():
+            subscriber._hub = hub
+
+    def channels(self) -> list[str]:
+        return [channel for sub in self._nodes.values() for channel in sub.channels()]
+
+    def deliver(self, channel: str, mailbox: Mailbox) -> None:
+        self._mailboxes.setdefault(channel, set()).add(mailbox)
+        subscriber = self._route.get(channel)
+        if subscriber is not None:
+            subscriber.deliver(channel, mailbox)
+
+    def undeliver(self, channel: str, mailbox: Mailbox) -> None:
+        mailboxes = self._mailboxes.get(channel)
+        if mailboxes is not None:
+            mailboxes.discard(mailbox)
+            if not mailboxes:
+                del self._mailboxes[channel]
+        subscriber = self._route.get(channel)
+        if subscriber is not None:
+            subscriber.undeliver(channel, mailbox)
+
+    async def _owner(self, channel: str) -> _Subscriber:
+        if self._closed:
+            raise BackendError(f"{self._where}: the coordinator is closed")
+        with map_backend_errors(self._where, _DRIVER_ERRORS):
+            await self._client.initialize()  # learns the slot map once
+            node = self._client.get_node_from_key(channel)
+        if node is None:
+            raise BackendError(f"{self._where}: no node serves the slot of {channel!r}")
+        subscriber = self._nodes.get(node.name)
+        if subscriber is None:
+            subscriber = self._nodes[node.name] = _Subscriber(
+                node, self._hub_, f"{self._where} ({node.name})", inbox=self._inbox, sharded=True
+            )
+        return subscriber
+
+    async def subscribe(self, channel: str) -> None:
+        subscriber = self._route.get(channel)
+        if subscriber is None:
+            subscriber = await self._owner(channel)
+            if channel not in self._route:  # nobody routed it meanwhile
+                self._route[channel] = subscriber
+                for mailbox in self._mailboxes.get(channel, ()):
+                    subscriber.deliver(channel, mailbox)
+            subscriber = self._route[channel]
+        self._refs[channel] = self._refs.get(channel, 0) + 1
+        try:
+            await subscriber.subscribe(channel)
+        except BaseException:
+            self._forget(channel)
+            raise
+
+    def _forget(self, channel: str) -> _Subscriber | None:
+        refs = self._refs.get(channel, 0) - 1
+        if refs > 0:
+            self._refs[channel] = refs
+            return None
+        self._refs.pop(channel, None)
+        subscriber = self._route.pop(channel, None)
+        if subscriber is not None:
+            for mailbox in self._mailboxes.get(channel, ()):
+                subscriber.undeliver(channel, mailbox)
+        return subscriber
+
+    async def unsubscribe(self, channel: str, *, confirm: bool) -> None:
+        subscriber = self._route.get(channel)
+        if subscriber is None:
+            return
+        self._forget(channel)
+        await subscriber.unsubscribe(channel, confirm=confirm)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for subscriber in list(self._nodes.values()):
+            await subscriber.aclose()
 
 
 def _close_soon(conn: AbstractConnection) -> None:

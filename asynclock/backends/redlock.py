@@ -114,7 +114,12 @@ class RedlockBackend(Backend):
     ) -> RedlockBackend:
         """A backend on clients of its own, one per URL (closed by ``aclose()``)."""
         own = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
-        clients = [client_from_url(url, max_connections=max_connections, **options) for url in urls]
+        clients: list[Redis] = []
+        for url in urls:
+            client = client_from_url(url, max_connections=max_connections, **options)
+            if not isinstance(client, Redis):
+                raise TypeError("Redlock nodes are independent Redis servers, not a Cluster")
+            clients.append(client)
         backend = cls(clients, node_timeout=node_timeout, **own)
         backend._owns_clients = True
         return backend

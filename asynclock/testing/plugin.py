@@ -12,6 +12,14 @@ makes these fixtures available to any test suite:
 ``asynclock_valkey_factory`` / ``asynclock_postgres_factory``
     Start private servers (``factory(3)``) that the test may freeze, kill and restart;
     all are stopped, by PID, when the test ends.
+``asynclock_sentinel``
+    A :class:`~asynclock.testing.SentinelSetup` of the test's own: a master, two replicas
+    and three sentinels (``.url`` is ``redis+sentinel://...``); the test may fail it over,
+    kill, freeze and restart its processes. Stopped, by PID, when the test ends.
+``asynclock_cluster``
+    A :class:`~asynclock.testing.ClusterSetup` of the test's own: three masters with one
+    replica each (``.url`` is ``redis+cluster://...``); parametrize it indirectly with the
+    number of replicas per master (``0`` starts faster). Stopped, by PID, when the test ends.
 
 Importing this module is cheap: it needs only pytest and the standard library.
 """
@@ -34,8 +42,10 @@ from asynclock.testing._servers import (
     postgres_server,
     redis_server,
 )
+from asynclock.testing._topology import ClusterSetup, SentinelSetup
 
 __all__ = (
+    "asynclock_cluster",
     "asynclock_postgres_dsn",
     "asynclock_postgres_factory",
     "asynclock_postgres_server",
@@ -43,6 +53,7 @@ __all__ = (
     "asynclock_redis_url",
     "asynclock_redlock_servers",
     "asynclock_redlock_urls",
+    "asynclock_sentinel",
     "asynclock_valkey_factory",
     "pytest_sessionfinish",
 )
@@ -56,7 +67,7 @@ _HELP_POSTGRES = (
     "or put initdb and postgres on PATH"
 )
 
-_Resource = ServerProcess | ValkeyFactory | PostgresFactory
+_Resource = ServerProcess | ValkeyFactory | PostgresFactory | SentinelSetup | ClusterSetup
 
 # What this plugin started in a session and has not stopped yet, for pytest_sessionfinish.
 # Kept per config, not per module: a nested session (pytester) must not stop the outer
@@ -71,7 +82,7 @@ def _started(config: pytest.Config) -> list[_Resource]:
 def _stop(config: pytest.Config, resource: _Resource) -> None:
     with contextlib.suppress(ValueError):
         _started(config).remove(resource)
-    if isinstance(resource, ServerProcess):
+    if isinstance(resource, ServerProcess | SentinelSetup | ClusterSetup):
         resource.stop()
     else:
         resource.stop_all()
@@ -171,6 +182,46 @@ def asynclock_postgres_factory(pytestconfig: pytest.Config) -> Iterator[Postgres
     _started(pytestconfig).append(factory)
     yield factory
     _stop(pytestconfig, factory)
+
+
+@pytest.fixture
+def asynclock_sentinel(pytestconfig: pytest.Config) -> Iterator[SentinelSetup]:
+    """Redis behind Sentinel for one test: a master, two replicas, three sentinels.
+
+    Formed before the test starts (replicas in sync, sentinels knowing each other); the
+    test may ``failover()``, ``kill_master()``, and freeze, kill or restart any process.
+    Everything is stopped, by PID, when the test ends. Skips the test if no Valkey/Redis
+    binary is installed.
+    """
+    if find_valkey_binary() is None:
+        pytest.skip(_HELP_VALKEY)
+    setup = SentinelSetup.start()
+    _started(pytestconfig).append(setup)
+    yield setup
+    _stop(pytestconfig, setup)
+
+
+@pytest.fixture
+def asynclock_cluster(
+    request: pytest.FixtureRequest, pytestconfig: pytest.Config
+) -> Iterator[ClusterSetup]:
+    """A Redis Cluster for one test: three masters, each with one replica.
+
+    ``@pytest.mark.parametrize("asynclock_cluster", [0], indirect=True)`` gives another
+    number of replicas per master (0: no failover possible, but a faster start). Formed
+    before the test starts (``cluster_state:ok`` everywhere); the test may ``kill_master()``,
+    ``failover()``, and freeze, kill or restart any node. Everything is stopped, by PID,
+    when the test ends. Skips the test if no Valkey/Redis binary is installed.
+    """
+    if find_valkey_binary() is None:
+        pytest.skip(_HELP_VALKEY)
+    replicas = getattr(request, "param", 1)
+    if not isinstance(replicas, int):
+        raise TypeError(f"asynclock_cluster takes replicas per master (an int), got {replicas!r}")
+    setup = ClusterSetup.start(replicas=replicas)
+    _started(pytestconfig).append(setup)
+    yield setup
+    _stop(pytestconfig, setup)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
