@@ -1,0 +1,1080 @@
+"""Chaos runs: many lock holders in several processes, faults on a schedule, and a history
+checker that proves no two holders' fenced writes interleaved and nothing was lost.
+
+A :class:`Scenario` names a backend (``redis``, ``redlock``, ``postgres``, ``sentinel``,
+``cluster``), a fault schedule and a duration. :func:`run_scenario` starts the servers
+it needs (through a :class:`~asynclock.testing.ValkeyFactory` /
+:class:`~asynclock.testing.PostgresFactory`), a separate Valkey that holds the fenced
+history resource (never faulted), fault-injecting proxies where the schedule needs them,
+and ``W`` worker processes (``python -m asynclock.testing.chaos worker ...``) with ``T``
+tasks each. Every task loops: acquire one of a few names, append ``start``, ``op`` and
+``end`` entries to that name's fenced resource with ``lease.fence``, release; it counts
+leases lost, bodies cancelled, timeouts and backend errors. The parent applies the
+faults (server ``SIGSTOP``/``SIGCONT``, kill and restart, master failover, proxy
+black-hole and latency, ``pg_terminate_backend``, a worker blocking its own event loop
+past the TTL), then runs the checker over the whole history and returns a
+:class:`ChaosReport`.
+
+Everything runs on loopback; every process started is stopped by its PID, on failure too.
+
+``python -m asynclock.testing.chaos run redis --duration 20`` runs one scenario by hand
+and prints its report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = (
+    "BACKENDS",
+    "ChaosReport",
+    "Fault",
+    "FaultOutcome",
+    "Scenario",
+    "ScenarioSkipped",
+    "WorkerSummary",
+    "format_reports",
+    "main",
+    "run_scenario",
+    "scenario",
+    "unsupported",
+)
+
+BACKENDS = ("redis", "redlock", "postgres", "sentinel", "cluster")
+"""The backends :func:`scenario` knows."""
+
+Backend = Literal["redis", "redlock", "postgres", "sentinel", "cluster"]
+
+FaultKind = Literal[
+    "freeze",  # SIGSTOP the server(s) for `duration`, then SIGCONT
+    "kill",  # SIGKILL the server(s), restart them after `duration` (empty for Valkey)
+    "blackhole",  # the proxy swallows traffic both ways for `duration`
+    "latency",  # the proxy delays every chunk by `latency` seconds for `duration`
+    "reset",  # the proxy resets every open connection (clients reconnect)
+    "stall",  # a worker blocks its own event loop for `duration` (time.sleep) while holding
+    "terminate",  # PostgreSQL: pg_terminate_backend of every session holding an advisory lock
+    "failover",  # Sentinel: SENTINEL FAILOVER; Cluster: CLUSTER FAILOVER on a replica
+    "kill_master",  # Sentinel/Cluster: SIGKILL the master, wait for a promotion, restart it
+]
+
+Expect = Literal["loss", "impact"]
+"""What a fault must visibly cause, checked in its window: ``loss`` = leases lost (or
+stale writes rejected) > 0; ``impact`` = any of lost, timeouts, errors, stale > 0."""
+
+_WORKER_MODULE = "asynclock.testing.chaos"
+_GO = b"go\n"
+_READY = "ready"
+_STALL_SIGNAL = signal.SIGUSR1
+
+
+class ScenarioSkipped(RuntimeError):
+    """The scenario cannot run here (the message says why): a backend asynclock does not
+    accept yet, or a server that cannot be started."""
+
+
+# --------------------------------------------------------------------------------------
+# Scenarios
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: ``kind`` at ``at`` seconds into the run, lasting ``duration`` seconds.
+
+    ``targets`` picks servers (indices into the scenario's faultable servers; Redlock's
+    five nodes) or, for ``stall``, the worker index. ``expect`` says what the fault must
+    visibly cause (see :data:`Expect`); None asserts nothing.
+    """
+
+    at: float
+    kind: FaultKind
+    duration: float = 0.0
+    targets: tuple[int, ...] = (0,)
+    latency: float = 0.0
+    expect: Expect | None = None
+
+    def describe(self) -> str:
+        """``freeze[0] 2.0s`` etc."""
+        what = f"{self.kind}{list(self.targets)}"
+        if self.kind == "latency":
+            what += f" {self.latency * 1000:.0f}ms"
+        if self.duration:
+            what += f" {self.duration:g}s"
+        return what
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A backend, a fault schedule and a duration; the load is ``workers`` x ``tasks``
+    tasks contending for ``names`` lock names with ``ttl`` and ``timeout``."""
+
+    name: str
+    backend: Backend
+    faults: tuple[Fault, ...]
+    duration: float = 60.0
+    workers: int = 4
+    tasks: int = 16
+    names: int = 4
+    ttl: float = 1.0
+    timeout: float = 3.0
+    hold: float = 0.01
+    """Sleep between the entries a holder writes (so a section spans some time)."""
+    proxy: bool = False
+    """Clients reach the server(s) through a fault-injecting proxy."""
+    nodes: int = 1
+    """Faultable servers (5 for Redlock)."""
+
+
+_FULL: dict[str, tuple[Fault, ...]] = {
+    "redis": (
+        Fault(3, "freeze", 2.0, expect="loss"),
+        Fault(9, "stall", 1.5, targets=(0,), expect="loss"),
+        Fault(14, "kill", 0.5, expect="impact"),
+        Fault(21, "blackhole", 2.0, expect="loss"),
+        Fault(28, "latency", 3.0, latency=0.15),
+        Fault(35, "stall", 1.5, targets=(1,), expect="loss"),
+        Fault(40, "kill", 0.0, expect="impact"),
+        Fault(46, "freeze", 1.5, expect="loss"),
+        Fault(52, "reset"),
+    ),
+    "redlock": (
+        Fault(3, "freeze", 2.0, targets=(0, 1)),
+        Fault(8, "stall", 1.5, targets=(0,), expect="loss"),
+        Fault(13, "kill", 0.0, targets=(2, 3)),
+        Fault(19, "freeze", 2.0, targets=(1, 2, 3), expect="impact"),
+        Fault(27, "stall", 1.5, targets=(1,), expect="loss"),
+        Fault(33, "kill", 1.2, targets=(0, 4)),
+        Fault(40, "freeze", 1.5, targets=(3, 4)),
+        Fault(46, "stall", 1.5, targets=(2,), expect="loss"),
+        Fault(51, "kill", 1.2, targets=(0, 1, 2), expect="impact"),
+    ),
+    "postgres": (
+        Fault(3, "freeze", 2.0, expect="loss"),
+        Fault(9, "terminate", expect="loss"),
+        Fault(14, "stall", 1.5, targets=(0,), expect="loss"),
+        Fault(21, "blackhole", 2.0, expect="loss"),
+        Fault(28, "latency", 3.0, latency=0.1),
+        Fault(35, "terminate", expect="loss"),
+        Fault(41, "stall", 1.5, targets=(1,), expect="loss"),
+        Fault(48, "freeze", 1.5, expect="loss"),
+    ),
+    "sentinel": (
+        Fault(3, "stall", 1.5, targets=(0,), expect="loss"),
+        Fault(8, "failover", expect="impact"),
+        Fault(20, "kill_master", expect="impact"),
+        Fault(33, "stall", 1.5, targets=(1,), expect="loss"),
+        Fault(38, "failover", expect="impact"),
+    ),
+    "cluster": (
+        Fault(3, "stall", 1.5, targets=(0,), expect="loss"),
+        Fault(8, "kill_master", targets=(0,), expect="impact"),
+        Fault(20, "failover", targets=(1,), expect="impact"),
+        Fault(33, "stall", 1.5, targets=(1,), expect="loss"),
+        Fault(38, "kill_master", targets=(2,), expect="impact"),
+    ),
+}
+
+# About 20 s: one fault of each kind, spaced so that each one's window (its length plus
+# TTL + 1 s) mostly stays its own.
+_SHORT: dict[str, tuple[Fault, ...]] = {
+    "redis": (
+        Fault(2, "freeze", 2.0, expect="loss"),
+        Fault(5.5, "stall", 1.5, targets=(0,), expect="loss"),
+        Fault(8.5, "kill", 0.5, expect="impact"),
+        Fault(11.5, "blackhole", 2.0, expect="loss"),
+        Fault(15, "latency", 2.0, latency=0.15),
+        Fault(18, "reset"),
+    ),
+    "redlock": (
+        Fault(2, "freeze", 2.0, targets=(0, 1)),
+        Fault(5.5, "stall", 1.5, targets=(0,), expect="loss"),
+        Fault(8.5, "freeze", 2.0, targets=(1, 2, 3), expect="impact"),
+        Fault(12.5, "kill", 0.0, targets=(2, 3)),
+        Fault(15.5, "kill", 1.2, targets=(0, 1, 2), expect="impact"),
+    ),
+    "postgres": (
+        Fault(2, "freeze", 2.0, expect="loss"),
+        Fault(5.5, "terminate", expect="loss"),
+        Fault(8, "stall", 1.5, targets=(0,), expect="loss"),
+        Fault(11, "blackhole", 2.0, expect="loss"),
+        Fault(14.5, "latency", 2.0, latency=0.1),
+        Fault(17.5, "terminate", expect="loss"),
+    ),
+    "sentinel": (
+        Fault(2, "stall", 1.5, targets=(0,), expect="loss"),
+        Fault(5, "failover", expect="impact"),
+        Fault(11, "kill_master", expect="impact"),
+        Fault(17, "stall", 1.5, targets=(1,), expect="loss"),
+    ),
+    "cluster": (
+        Fault(2, "stall", 1.5, targets=(0,), expect="loss"),
+        Fault(5, "kill_master", targets=(0,), expect="impact"),
+        Fault(12, "failover", targets=(1,), expect="impact"),
+        Fault(17, "stall", 1.5, targets=(1,), expect="loss"),
+    ),
+}
+
+
+def scenario(backend: str, duration: float = 60.0) -> Scenario:
+    """The standard chaos scenario for ``backend`` (one of :data:`BACKENDS`).
+
+    ``duration`` 60 s (or more) runs the full schedule; shorter runs (at least 20 s) run
+    the short schedule, one fault of each kind in the first 20 s.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r} (accepted: {', '.join(BACKENDS)})")
+    if duration < 20:
+        raise ValueError(f"expected duration >= 20 s, got {duration}")
+    faults = _FULL[backend] if duration >= 60 else _SHORT[backend]
+    return Scenario(
+        backend,
+        backend,  # type: ignore[arg-type]  # checked against BACKENDS above
+        faults,
+        duration=duration,
+        proxy=backend in ("redis", "postgres"),
+        nodes=5 if backend == "redlock" else 1,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class WorkerSummary:
+    """What one worker process counted (printed as JSON on its stdout at the end)."""
+
+    worker: int
+    attempts: int = 0
+    acquired: int = 0
+    completed: int = 0
+    """Sections whose three entries were all accepted."""
+    leases_lost: int = 0
+    cancelled: int = 0
+    """Bodies cancelled by a loss (``LockLost`` chained from ``CancelledError``)."""
+    timeouts: int = 0
+    errors: int = 0
+    """``BackendError`` (``QuorumError`` included) while acquiring or releasing."""
+    rejected: int = 0
+    """Entries the fenced resource refused (the holder's fence was stale)."""
+    history_errors: int = 0
+    """Appends that failed (the history server is not faulted: must stay 0)."""
+    stalls: int = 0
+    acks: dict[str, str] = field(default_factory=dict)
+    """Per lock name, the acks the resource gave (:func:`history.dump_acks` JSON)."""
+    events: list[tuple[float, str]] = field(default_factory=list)
+    """(monotonic time, what) of losses, timeouts, errors, rejections and stalls."""
+
+
+@dataclass
+class FaultOutcome:
+    """A fault as applied, and what was seen in its window (start to end + TTL + 1 s)."""
+
+    fault: Fault
+    started: float
+    ended: float
+    counts: dict[str, int]
+    error: str | None = None
+
+    def satisfied(self) -> bool:
+        """Whether the fault caused what it must (always True without ``expect``)."""
+        if self.error is not None:
+            return False
+        lost = self.counts.get("lost", 0) + self.counts.get("rejected", 0)
+        if self.fault.expect == "loss":
+            return lost > 0
+        if self.fault.expect == "impact":
+            return lost + self.counts.get("timeout", 0) + self.counts.get("error", 0) > 0
+        return True
+
+
+@dataclass
+class ChaosReport:
+    """The outcome of one scenario run.
+
+    ``operations`` is every write attempt on the fenced resources (accepted or not),
+    ``sections`` the critical sections with an accepted start, ``stale_rejected`` the
+    writes refused for a stale fence, ``fenced_off`` the sections cut short that way.
+    ``violations`` (accepted writes of two holders interleaving, fences going back, holes
+    in the log) and ``lost`` (acknowledged writes missing) must be 0; :attr:`problems`
+    lists every failed check, faults that caused nothing included.
+    """
+
+    scenario: str
+    duration: float
+    workers: int
+    tasks: int
+    operations: int
+    sections: int
+    completed: int
+    acquired: int
+    leases_lost: int
+    cancelled: int
+    timeouts: int
+    errors: int
+    stale_rejected: int
+    fenced_off: int
+    violations: int
+    lost: int
+    history_errors: int
+    stalls: int
+    faults: list[FaultOutcome]
+    details: list[str] = field(default_factory=list)
+    """The checker's messages on each violation or loss (the first few per name)."""
+
+    @property
+    def problems(self) -> list[str]:
+        """Every check that failed: violations, losses, history errors, idle faults."""
+        out: list[str] = []
+        if self.violations:
+            out.append(f"{self.violations} violation(s): {self.details[:5]}")
+        if self.lost:
+            out.append(f"{self.lost} acknowledged write(s) lost")
+        if self.history_errors:
+            out.append(f"{self.history_errors} append(s) to the history failed")
+        if self.completed == 0:
+            out.append("no critical section completed")
+        out.extend(
+            f"fault {o.fault.describe()} at {o.fault.at:g}s "
+            + (f"failed: {o.error}" if o.error else f"caused no {o.fault.expect}: {o.counts}")
+            for o in self.faults
+            if not o.satisfied()
+        )
+        return out
+
+    def line(self) -> str:
+        """One readable line."""
+        return (
+            f"{self.scenario}: {self.duration:g}s {self.workers}x{self.tasks} tasks, "
+            f"ops={self.operations} sections={self.sections} completed={self.completed} "
+            f"leases-lost={self.leases_lost} cancelled={self.cancelled} "
+            f"timeouts={self.timeouts} errors={self.errors} "
+            f"stale-rejected={self.stale_rejected} fenced-off={self.fenced_off} "
+            f"violations={self.violations} lost={self.lost} "
+            f"faults-ok={sum(o.satisfied() for o in self.faults)}/{len(self.faults)}"
+        )
+
+    def table(self) -> str:
+        """The line, then one row per fault with what was seen in its window."""
+        rows = [self.line()]
+        rows.append(
+            f"  {'at':>6} {'fault':<26} {'took':>6} {'lost':>5} {'stale':>5} "
+            f"{'tmo':>5} {'err':>5} ok"
+        )
+        for o in self.faults:
+            c = o.counts
+            rows.append(
+                f"  {o.fault.at:>5.1f}s {o.fault.describe():<26} {o.ended - o.started:>5.1f}s "
+                f"{c.get('lost', 0):>5} {c.get('rejected', 0):>5} {c.get('timeout', 0):>5} "
+                f"{c.get('error', 0):>5} {'yes' if o.satisfied() else 'NO'}"
+                + (f"  ({o.error})" if o.error else "")
+            )
+        rows.extend(f"  ! {detail}" for detail in self.details[:10])
+        return "\n".join(rows)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        data = dataclasses.asdict(self)
+        data["problems"] = self.problems
+        return data
+
+
+def format_reports(reports: Sequence[ChaosReport]) -> str:
+    """Several reports as one table (a header and a row each)."""
+    rows = [
+        f"{'scenario':<9} {'secs':>4} {'ops':>6} {'sect':>5} {'done':>5} {'lost':>5} "
+        f"{'cancl':>5} {'tmo':>5} {'err':>5} {'stale':>5} {'fenced':>6} {'viol':>4} "
+        f"{'lost-ops':>8} {'faults':>6}"
+    ]
+    for r in reports:
+        ok = sum(o.satisfied() for o in r.faults)
+        rows.append(
+            f"{r.scenario:<9} {r.duration:>4.0f} {r.operations:>6} {r.sections:>5} "
+            f"{r.completed:>5} {r.leases_lost:>5} {r.cancelled:>5} {r.timeouts:>5} "
+            f"{r.errors:>5} {r.stale_rejected:>5} {r.fenced_off:>6} {r.violations:>4} "
+            f"{r.lost:>8} {f'{ok}/{len(r.faults)}':>6}"
+        )
+    return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------------------
+# The fenced resources: one asynclock.testing.history.FencedLog per lock name
+
+
+def _log_key(namespace: str, name: str) -> str:
+    return f"{namespace}:history:{name}"
+
+
+# --------------------------------------------------------------------------------------
+# The worker process
+
+
+@dataclass
+class _WorkerConfig:
+    worker: int
+    target: str | list[str]
+    options: dict[str, Any]
+    history: str
+    namespace: str
+    names: list[str]
+    tasks: int
+    duration: float
+    ttl: float
+    timeout: float
+    hold: float
+
+
+class _Worker:
+    def __init__(self, config: _WorkerConfig) -> None:
+        self.config = config
+        self.summary = WorkerSummary(config.worker)
+        self.stall_requests: list[float] = []
+        self.stop_at = 0.0
+        self.rng = random.Random()  # noqa: S311 - jitter, not secrets
+
+    def event(self, what: str) -> None:
+        self.summary.events.append((time.monotonic(), what))
+
+    def request_stall(self, seconds: float) -> None:
+        # The stall happens inside a body right after its accepted start (see _section),
+        # so a lease is sure to expire meanwhile; if no task gets there within a second,
+        # the loop is blocked anyway.
+        self.stall_requests.append(seconds)
+        asyncio.get_running_loop().call_later(1.0, self._stall_now, "idle")
+
+    def _stall_now(self, how: str) -> None:
+        if self.stall_requests:
+            seconds = self.stall_requests.pop(0)
+            self.event(f"stall-{how}")
+            self.summary.stalls += 1
+            time.sleep(seconds)  # blocking the event loop is the fault
+
+    async def run(self) -> WorkerSummary:
+        # Imported here: the parent side of this module needs neither.
+        from redis.asyncio import Redis  # noqa: PLC0415
+
+        import asynclock  # noqa: PLC0415
+        from asynclock.testing.history import FencedLog, dump_acks  # noqa: PLC0415
+
+        cfg = self.config
+        # One connection per task, not a pool: after a stall the task's next write goes
+        # out before the task yields (a pool checkout may yield first, and the watchdog
+        # would cancel the write before it reached the resource).
+        clients = [
+            Redis.from_url(cfg.history, single_connection_client=True) for _ in range(cfg.tasks)
+        ]
+        logs = [
+            {name: FencedLog(client, _log_key(cfg.namespace, name)) for name in cfg.names}
+            for client in clients
+        ]
+        coord = asynclock.connect(cfg.target, **cfg.options)
+        try:
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(_STALL_SIGNAL, self.request_stall, cfg.ttl * 1.5)
+            print(_READY, flush=True)
+            await loop.run_in_executor(None, sys.stdin.readline)  # the parent's "go"
+            self.stop_at = time.monotonic() + cfg.duration
+            tasks = [asyncio.create_task(self._loop(coord, logs[i], i)) for i in range(cfg.tasks)]
+            # Bounded: a task stuck past the end (a hung connection) must not hang the run.
+            _, pending = await asyncio.wait(tasks, timeout=cfg.duration + cfg.timeout + 10)
+            for task in pending:
+                task.cancel()
+            if pending:
+                self.event(f"stuck {len(pending)} tasks")
+                await asyncio.wait(pending, timeout=5)
+        finally:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(10):
+                    await coord.aclose()
+            for client in clients:
+                await client.aclose()
+        self.summary.acks = {
+            name: dump_acks(ack for task_logs in logs for ack in task_logs[name].acknowledged)
+            for name in cfg.names
+        }
+        return self.summary
+
+    async def _loop(self, coord: Any, logs: dict[str, Any], index: int) -> None:
+        from asynclock import BackendError, LockLost, LockTimeout  # noqa: PLC0415
+
+        cfg = self.config
+        holder = f"w{cfg.worker}t{index}"
+        seq = 0
+        while time.monotonic() < self.stop_at:
+            name = self.rng.choice(cfg.names)
+            seq += 1
+            self.summary.attempts += 1
+            try:
+                async with coord.lock(name, ttl=cfg.ttl, timeout=cfg.timeout) as lease:
+                    self.summary.acquired += 1
+                    await self._section(logs[name], lease.fence, holder, f"{holder}-{seq}")
+            except LockLost as exc:
+                self.summary.leases_lost += 1
+                if isinstance(exc.__cause__, asyncio.CancelledError):
+                    self.summary.cancelled += 1
+                self.event("lost")
+            except LockTimeout:
+                self.summary.timeouts += 1
+                self.event("timeout")
+            except BackendError as exc:
+                self.summary.errors += 1
+                self.event(f"error {type(exc).__name__}")
+                # A dead server refuses at once: do not spin on it.
+                await asyncio.sleep(0.05 + self.rng.random() * 0.15)
+
+    async def _section(self, log: Any, fence: int, holder: str, op: str) -> None:
+        for position, kind in enumerate(("start", "op", "end")):
+            if position:
+                await asyncio.sleep(self.config.hold * (0.5 + self.rng.random()))
+            try:
+                ack = await log.append(fence, holder, op, kind)
+            except Exception as exc:
+                self.summary.history_errors += 1
+                self.event(f"history-error {type(exc).__name__}: {exc}")
+                return
+            if not ack.accepted:
+                self.summary.rejected += 1
+                self.event("rejected")
+                return  # a stale holder stops writing; its lease is lost or soon will be
+            if position == 0:
+                self._stall_now("holding")
+        self.summary.completed += 1
+
+
+def _worker_main(args: argparse.Namespace) -> int:
+    config = _WorkerConfig(
+        worker=args.worker,
+        target=json.loads(args.target),
+        options=json.loads(args.options),
+        history=args.history,
+        namespace=args.namespace,
+        names=args.names.split(","),
+        tasks=args.tasks,
+        duration=args.duration,
+        ttl=args.ttl,
+        timeout=args.timeout,
+        hold=args.hold,
+    )
+    summary = asyncio.run(_Worker(config).run())
+    print(json.dumps(dataclasses.asdict(summary)), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# The parent: servers, proxies, workers, faults
+
+
+@dataclass
+class _Setup:
+    target: str | list[str]
+    options: dict[str, Any]
+    servers: list[Any] = field(default_factory=list)
+    """Faultable ServerProcess objects (Redlock's five nodes)."""
+    proxies: list[Any] = field(default_factory=list)
+    """ProxyProcess objects the clients connect through."""
+    admin_dsn: str | None = None
+    """PostgreSQL: a direct DSN (not through the proxy) for pg_terminate_backend."""
+    topology: Any = None
+    """A SentinelSetup or ClusterSetup."""
+    names: list[str] = field(default_factory=list)
+
+
+async def unsupported(backend: str) -> str | None:
+    """Why ``backend``'s scenario cannot run with this asynclock, or None if it can.
+
+    Sentinel and Cluster need :func:`asynclock.connect` to accept ``redis+sentinel://`` /
+    ``redis+cluster://`` URLs (it does no I/O to tell).
+    """
+    if backend not in ("sentinel", "cluster"):
+        return None
+    import asynclock  # noqa: PLC0415
+
+    scheme = f"redis+{backend}"
+    url = f"{scheme}://127.0.0.1:1/mymaster" if backend == "sentinel" else f"{scheme}://127.0.0.1:1"
+    try:
+        coord = asynclock.connect(url)
+    except ValueError as exc:
+        return f"asynclock.connect does not accept {scheme}:// URLs yet ({exc})"
+    with contextlib.suppress(Exception):
+        await coord.aclose()
+    return None
+
+
+async def _start_proxy(stack: contextlib.AsyncExitStack, host: str, port: int) -> Any:
+    from asynclock.testing.proxy import ProxyProcess  # noqa: PLC0415
+
+    proxy = await asyncio.to_thread(ProxyProcess.start, host, port)
+    stack.callback(proxy.stop)
+    return proxy
+
+
+async def _setup(  # noqa: PLR0917 - private, called once
+    sc: Scenario,
+    stack: contextlib.AsyncExitStack,
+    valkey_factory: Callable[[int], Sequence[Any]],
+    postgres_factory: Callable[[int], Sequence[Any]] | None,
+    topology: Any,
+    namespace: str,
+) -> _Setup:
+    if sc.backend in ("redis", "redlock"):
+        servers = list(await asyncio.to_thread(valkey_factory, sc.nodes))
+        setup = _Setup([s.url for s in servers], {"prefix": namespace}, servers)
+        if sc.backend == "redis":
+            setup.target = servers[0].url
+        if sc.proxy:
+            setup.proxies = [await _start_proxy(stack, s.host, s.port) for s in servers]
+            urls = [p.url_for(s.url) for p, s in zip(setup.proxies, servers, strict=True)]
+            setup.target = urls[0] if sc.backend == "redis" else urls
+        return setup
+    if sc.backend == "postgres":
+        if postgres_factory is None:
+            raise ScenarioSkipped("the postgres scenario needs a postgres_factory")
+        (server,) = await asyncio.to_thread(postgres_factory, 1)
+        setup = _Setup(server.url, {"namespace": namespace}, [server], admin_dsn=server.url)
+        if sc.proxy:
+            setup.proxies = [await _start_proxy(stack, server.host, server.port)]
+            setup.target = setup.proxies[0].url_for(server.url)
+        return setup
+    reason = await unsupported(sc.backend)
+    if reason is not None:
+        raise ScenarioSkipped(reason)
+    if topology is None:
+        from asynclock.testing import _topology  # noqa: PLC0415
+
+        if sc.backend == "cluster":
+            topology = await asyncio.to_thread(_topology.ClusterSetup.start)
+        else:
+            topology = await asyncio.to_thread(_topology.SentinelSetup.start)
+        stack.callback(topology.stop)
+    return _Setup(topology.url, {"prefix": namespace}, topology=topology)
+
+
+async def _spawn_worker(
+    sc: Scenario, setup: _Setup, index: int, history_url: str, namespace: str
+) -> asyncio.subprocess.Process:
+    argv = [
+        *("-m", _WORKER_MODULE, "worker", "--worker", str(index)),
+        *("--target", json.dumps(setup.target), "--options", json.dumps(setup.options)),
+        *("--history", history_url, "--namespace", namespace),
+        *("--names", ",".join(setup.names), "--tasks", str(sc.tasks)),
+        *("--duration", str(sc.duration), "--ttl", str(sc.ttl)),
+        *("--timeout", str(sc.timeout), "--hold", str(sc.hold)),
+    ]
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,  # a terminal's Ctrl-C reaches the parent, which stops us
+    )
+
+
+async def _terminate_holders(dsn: str) -> int:
+    import asyncpg  # noqa: PLC0415
+
+    conn = await asyncpg.connect(dsn, timeout=5)
+    try:
+        rows = await conn.fetch(
+            "SELECT pg_terminate_backend(pid) AS ok FROM pg_locks "
+            "WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
+        )
+    finally:
+        await conn.close()
+    return sum(1 for row in rows if row["ok"])
+
+
+class _Faults:
+    """Applies a scenario's faults at their times, one after the other."""
+
+    def __init__(
+        self, sc: Scenario, setup: _Setup, workers: list[asyncio.subprocess.Process]
+    ) -> None:
+        self.sc = sc
+        self.setup = setup
+        self.workers = workers
+        self.applied: list[tuple[Fault, float, float, str | None]] = []
+        self.background: list[asyncio.Task[None]] = []
+
+    async def run(self, t0: float) -> None:
+        for fault in sorted(self.sc.faults, key=lambda f: f.at):
+            delay = t0 + fault.at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            started = time.monotonic()
+            error: str | None = None
+            try:
+                await self.apply(fault)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {str(exc)[:300]}"
+            self.applied.append((fault, started, time.monotonic(), error))
+        if self.background:
+            await asyncio.gather(*self.background)
+
+    async def apply(self, fault: Fault) -> None:
+        apply = getattr(self, f"_{fault.kind}", None)
+        if apply is None:
+            raise ValueError(f"unknown fault kind {fault.kind!r}")
+        await apply(fault)
+
+    def _targets(self, fault: Fault) -> list[Any]:
+        return [self.setup.servers[i] for i in fault.targets]
+
+    async def _freeze(self, fault: Fault) -> None:
+        servers = self._targets(fault)
+        try:
+            for server in servers:
+                await asyncio.to_thread(server.freeze)
+            await asyncio.sleep(fault.duration)
+        finally:
+            for server in servers:
+                await asyncio.to_thread(server.resume)
+
+    async def _kill(self, fault: Fault) -> None:
+        servers = self._targets(fault)
+        for server in servers:
+            await asyncio.to_thread(server.kill)
+        await asyncio.sleep(fault.duration)
+        for server in servers:
+            await asyncio.to_thread(server.restart)
+
+    async def _proxies(self, command: str) -> None:
+        for proxy in self.setup.proxies:
+            await asyncio.to_thread(proxy.send, command)
+
+    async def _blackhole(self, fault: Fault) -> None:
+        try:
+            await self._proxies("blackhole")
+            await asyncio.sleep(fault.duration)
+        finally:
+            await self._proxies("heal")
+
+    async def _latency(self, fault: Fault) -> None:
+        try:
+            await self._proxies(f"latency {fault.latency}")
+            await asyncio.sleep(fault.duration)
+        finally:
+            await self._proxies("heal")
+
+    async def _reset(self, fault: Fault) -> None:
+        await self._proxies("reset")
+
+    async def _stall(self, fault: Fault) -> None:
+        for index in fault.targets:
+            proc = self.workers[index % len(self.workers)]
+            if proc.returncode is None:
+                os.kill(proc.pid, _STALL_SIGNAL)
+        await asyncio.sleep(1.0 + self.sc.ttl * 1.5)
+
+    async def _terminate(self, fault: Fault) -> None:
+        assert self.setup.admin_dsn is not None
+        if await _terminate_holders(self.setup.admin_dsn) == 0:
+            raise RuntimeError("no session held an advisory lock to terminate")
+
+    def _cluster_master(self, fault: Fault) -> Any:
+        """The master owning the slot of lock name ``targets[0]`` (mod the names)."""
+        topo = self.setup.topology
+        name = self.setup.names[fault.targets[0] % len(self.setup.names)]
+        return topo.node_for_slot(topo.keyslot(f"{{{name}}}"))
+
+    async def _failover(self, fault: Fault) -> None:
+        topo = self.setup.topology
+        if self.sc.backend == "sentinel":
+            await asyncio.to_thread(topo.failover)
+            return
+
+        def cluster_failover() -> None:
+            master = self._cluster_master(fault)
+            replicas = [r for r in topo.replicas(master) if r.running]
+            if not replicas:
+                raise RuntimeError(f"{master!r} has no running replica to fail over to")
+            topo.failover(replicas[0])
+
+        await asyncio.to_thread(cluster_failover)
+
+    async def _kill_master(self, fault: Fault) -> None:
+        topo = self.setup.topology
+        if self.sc.backend == "sentinel":
+            old = await asyncio.to_thread(topo.master)
+            await asyncio.to_thread(topo.kill_master)
+        else:
+
+            def kill() -> Any:
+                master = self._cluster_master(fault)
+                index = [m.port for m in topo.masters()].index(master.port)
+                topo.kill_master(index)
+                return master
+
+            old = await asyncio.to_thread(kill)
+        # Back as a replica later, so that a later fault has a replica to promote.
+        self.background.append(asyncio.create_task(self._restart_later(old)))
+
+    async def _restart_later(self, server: Any) -> None:
+        await asyncio.sleep(self.sc.ttl * 2)
+        await asyncio.to_thread(server.restart)
+        if self.setup.topology is not None:
+            await asyncio.to_thread(self.setup.topology.wait_settled)
+
+
+def _window_counts(summaries: Sequence[WorkerSummary], start: float, end: float) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for summary in summaries:
+        for at, what in summary.events:
+            if start <= at <= end:
+                key = what.split(" ", 1)[0]
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+async def _wait_ready(proc: asyncio.subprocess.Process) -> None:
+    assert proc.stdout is not None
+    line = await proc.stdout.readline()
+    if line.decode().strip() != _READY:
+        raise RuntimeError(f"worker {proc.pid} did not start: {line!r}; {await _stderr(proc)}")
+
+
+async def _stderr(proc: asyncio.subprocess.Process) -> str:
+    if proc.stderr is None:
+        return ""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(2):
+            return "stderr:\n" + (await proc.stderr.read()).decode(errors="replace")[-3000:]
+    return ""
+
+
+async def _collect(proc: asyncio.subprocess.Process) -> WorkerSummary:
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    out, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+    code = await proc.wait()
+    lines = out.decode().strip().splitlines()
+    if code != 0 or not lines:
+        raise RuntimeError(f"worker {proc.pid} exited with {code}; stderr:\n{err.decode()[-3000:]}")
+    data: dict[str, Any] = json.loads(lines[-1])
+    data["events"] = [tuple(item) for item in data["events"]]
+    return WorkerSummary(**data)
+
+
+@contextlib.asynccontextmanager
+async def _workers(
+    sc: Scenario, setup: _Setup, history_url: str, namespace: str
+) -> AsyncIterator[list[asyncio.subprocess.Process]]:
+    """Start the workers; on leaving, kill (by PID) and reap whichever still runs."""
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        for index in range(sc.workers):
+            procs.append(await _spawn_worker(sc, setup, index, history_url, namespace))
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
+                    os.kill(proc.pid, signal.SIGKILL)
+        for proc in procs:
+            with contextlib.suppress(Exception):
+                await proc.wait()
+
+
+async def _check(
+    history_url: str,
+    namespace: str,
+    names: Sequence[str],
+    summaries: Sequence[WorkerSummary],
+    t0_wall: float,
+) -> tuple[list[Any], list[str]]:
+    from redis.asyncio import Redis  # noqa: PLC0415
+
+    from asynclock.testing.history import FencedLog, check, load_acks  # noqa: PLC0415
+
+    reports = []
+    details: list[str] = []
+    client: Redis = Redis.from_url(history_url)
+    try:
+        for name in names:
+            entries = await FencedLog(client, _log_key(namespace, name)).read()
+            acks = [load_acks(s.acks[name]) for s in summaries if name in s.acks]
+            # exclusive=False: a holder frozen or stalled past its TTL is fenced off by
+            # design; only accepted writes that interleave count as violations.
+            report = check(entries, *acks, exclusive=False)
+            reports.append(report)
+            by_seq = {entry.seq: entry for entry in entries}
+            for violation in report.violations[:5]:
+                when = [by_seq[q].time - t0_wall for q in violation.seqs if q in by_seq]
+                at = f" (at t={min(when):.2f}s)" if when else ""
+                details.append(f"{name}{at}: {violation}")
+            details += [f"{name}: lost {ack}" for ack in report.lost[:5]]
+    finally:
+        await client.aclose()
+    return reports, details
+
+
+async def run_scenario(
+    sc: Scenario,
+    *,
+    valkey_factory: Callable[[int], Sequence[Any]],
+    postgres_factory: Callable[[int], Sequence[Any]] | None = None,
+    topology: Any = None,
+    history_url: str | None = None,
+) -> ChaosReport:
+    """Run ``sc`` and check its history.
+
+    Args:
+        sc: the scenario.
+        valkey_factory: starts private Valkey servers (``factory(n)``); the caller stops
+            them (the plugin's ``asynclock_valkey_factory`` does).
+        postgres_factory: the same for PostgreSQL (``postgres`` scenarios need one).
+        topology: a started :class:`~asynclock.testing._topology.SentinelSetup` /
+            ``ClusterSetup`` for those scenarios (the caller stops it); None starts one
+            and stops it at the end.
+        history_url: a Valkey for the fenced history resources; default one more from
+            ``valkey_factory``. It must not be faulted.
+
+    Raises:
+        ScenarioSkipped: the backend cannot run here (see :func:`unsupported`).
+        RuntimeError: a worker failed to start or crashed (its stderr is in the message).
+    """
+    namespace = f"chaos-{sc.name}-{uuid.uuid4().hex[:8]}"
+    async with contextlib.AsyncExitStack() as stack:
+        setup = await _setup(sc, stack, valkey_factory, postgres_factory, topology, namespace)
+        setup.names = [f"res{i}" for i in range(sc.names)]
+        if history_url is None:
+            (history_server,) = await asyncio.to_thread(valkey_factory, 1)
+            history_url = history_server.url
+        async with _workers(sc, setup, history_url, namespace) as procs:
+            faults = _Faults(sc, setup, procs)
+            async with asyncio.timeout(sc.duration + sc.timeout + 90):
+                for proc in procs:
+                    await _wait_ready(proc)
+                t0 = time.monotonic()
+                t0_wall = time.time()
+                for proc in procs:
+                    assert proc.stdin is not None
+                    proc.stdin.write(_GO)
+                    await proc.stdin.drain()
+                fault_task = asyncio.create_task(faults.run(t0))
+                try:
+                    summaries = await asyncio.gather(*(_collect(p) for p in procs))
+                    await fault_task
+                finally:
+                    fault_task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await fault_task
+                    for task in faults.background:
+                        task.cancel()
+                    await asyncio.gather(*faults.background, return_exceptions=True)
+        reports, details = await _check(history_url, namespace, setup.names, summaries, t0_wall)
+    outcomes = [
+        FaultOutcome(fault, start, end, _window_counts(summaries, start, end + sc.ttl + 1), err)
+        for fault, start, end, err in faults.applied
+    ]
+    applied = {id(o.fault) for o in outcomes}
+    outcomes += [
+        FaultOutcome(f, 0.0, 0.0, {}, "not applied before the run ended")
+        for f in sc.faults
+        if id(f) not in applied
+    ]
+    return ChaosReport(
+        scenario=sc.name,
+        duration=sc.duration,
+        workers=sc.workers,
+        tasks=sc.tasks,
+        operations=sum(r.operations for r in reports),
+        sections=sum(r.sections for r in reports),
+        completed=sum(s.completed for s in summaries),
+        acquired=sum(s.acquired for s in summaries),
+        leases_lost=sum(s.leases_lost for s in summaries),
+        cancelled=sum(s.cancelled for s in summaries),
+        timeouts=sum(s.timeouts for s in summaries),
+        errors=sum(s.errors for s in summaries),
+        stale_rejected=sum(r.stale_rejected for r in reports),
+        fenced_off=sum(len(r.fenced_off) for r in reports),
+        violations=sum(len(r.violations) for r in reports),
+        lost=sum(len(r.lost) for r in reports),
+        history_errors=sum(s.history_errors for s in summaries),
+        stalls=sum(s.stalls for s in summaries),
+        faults=outcomes,
+        details=details,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m asynclock.testing.chaos")
+    sub = parser.add_subparsers(dest="command", required=True)
+    worker = sub.add_parser("worker", help="one worker process (started by the runner)")
+    worker.add_argument("--worker", type=int, required=True)
+    worker.add_argument("--target", required=True, help="JSON: a URL or a list of URLs")
+    worker.add_argument("--options", default="{}", help="JSON: connect() options")
+    worker.add_argument("--history", required=True, help="URL of the history Valkey")
+    worker.add_argument("--namespace", required=True)
+    worker.add_argument("--names", required=True, help="comma-separated lock names")
+    worker.add_argument("--tasks", type=int, default=16)
+    worker.add_argument("--duration", type=float, default=60.0)
+    worker.add_argument("--ttl", type=float, default=1.0)
+    worker.add_argument("--timeout", type=float, default=3.0)
+    worker.add_argument("--hold", type=float, default=0.01)
+    run = sub.add_parser("run", help="run scenarios and print their reports")
+    run.add_argument("backends", nargs="*", default=list(BACKENDS), choices=BACKENDS)
+    run.add_argument("--duration", type=float, default=60.0)
+    run.add_argument("--workers", type=int, default=4)
+    run.add_argument("--tasks", type=int, default=16)
+    run.add_argument("--json", help="also write the reports to this file")
+    return parser
+
+
+async def _run_cli(args: argparse.Namespace) -> tuple[list[ChaosReport], bool]:
+    from asynclock.testing import PostgresFactory, ValkeyFactory  # noqa: PLC0415
+
+    reports: list[ChaosReport] = []
+    failed = False
+    for backend in args.backends:
+        sc = dataclasses.replace(
+            scenario(backend, args.duration), workers=args.workers, tasks=args.tasks
+        )
+        with ValkeyFactory() as valkeys, PostgresFactory() as postgres:
+            try:
+                report = await run_scenario(sc, valkey_factory=valkeys, postgres_factory=postgres)
+            except ScenarioSkipped as exc:
+                print(f"{backend}: skipped: {exc}", flush=True)
+                continue
+        print(report.table(), flush=True)
+        for problem in report.problems:
+            print(f"  PROBLEM: {problem}", flush=True)
+        failed = failed or bool(report.problems)
+        reports.append(report)
+    return reports, failed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m asynclock.testing.chaos worker|run ...``; ``run`` exits 1 when a
+    report has problems."""
+    args = _parser().parse_args(argv)
+    if args.command == "worker":
+        return _worker_main(args)
+    reports, failed = asyncio.run(_run_cli(args))
+    if reports:
+        print(format_reports(reports))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump([r.as_dict() for r in reports], out, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
