@@ -68,6 +68,8 @@ _SESSION_GONE = (
     OSError,
 )
 _APP_PREFIX = "asynclock:"
+# The largest lock_timeout PostgreSQL accepts (INT_MAX milliseconds).
+_MAX_TIMEOUT_MS = 2**31 - 1
 # Session settings a connection carries while asynclock uses it, restored when it goes
 # back to the pool. idle_session_timeout is also reset after every lease.
 _IDLE = "idle_session_timeout"
@@ -437,7 +439,12 @@ class PostgresBackend(Backend):
             args += (str(seconds), str(max(1, seconds // 3)))
         if wait != 0:
             left = None if wait is None else wait - (self.clock.now() - began)
-            args.append("0" if left is None else str(max(1, math.ceil(left * 1000))))
+            if left is None or left * 1000 > _MAX_TIMEOUT_MS:
+                # No server-side limit: lock_timeout stops at INT_MAX ms (24.8 days), and a
+                # longer wait ends by the caller's own deadline instead.
+                args.append("0")
+            else:
+                args.append(str(max(1, math.ceil(left * 1000))))
             if sql.has_idle_timeout:
                 args.append(str(max(1000, ttl_ms // 3)))
         return args

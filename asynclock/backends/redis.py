@@ -904,7 +904,8 @@ class _Subscriber:
         if refs > 0:
             self._refs[channel] = refs
             return
-        if not confirm and refs == 0 and self._conn is not None and not self._closed:
+        lingers = refs == 0 and channel in self._ready  # subscribed, not refused
+        if not confirm and lingers and self._conn is not None and not self._closed:
             self._refs[channel] = 0
             loop = asyncio.get_running_loop()
             self._lingering[channel] = loop.call_later(LINGER, self._drop, channel)
@@ -1024,10 +1025,27 @@ class _Subscriber:
     async def _read(self, conn: AbstractConnection) -> None:
         """Dispatch replies until the server says nothing is subscribed and nobody waits."""
         while True:
-            with map_backend_errors(self._where, _DRIVER_ERRORS):
+            try:
                 reply = await conn.read_response()
+            except ResponseError as exc:
+                # An error reply (Cluster: -MOVED, the slot is served elsewhere): the
+                # connection is fine, the subscriptions waiting for an answer are not.
+                self._refused(exc)
+                continue
+            except _DRIVER_ERRORS as exc:
+                raise BackendError(f"{self._where}: {exc}") from exc
             if self._dispatch(reply) and not self._refs:
                 return
+
+    def _refused(self, exc: ResponseError) -> None:
+        """The server refused a (S)SUBSCRIBE: whoever waits for one gets the error now."""
+        error = BackendError(f"{self._where}: subscription refused: {exc}")
+        for channel in list(self._unconfirmed):
+            self._unconfirmed.pop(channel, None)
+            ready = self._ready.pop(channel, None)
+            if ready is not None and not ready.done():
+                ready.set_exception(error)
+                ready.exception()  # retrieved: its subscriber may have left already
 
     async def _connect(self) -> AbstractConnection:
         kwargs = dict(self._pool.connection_kwargs)
@@ -1226,20 +1244,40 @@ class _ShardedSubscriber:
         return subscriber
 
     async def subscribe(self, channel: str) -> None:
-        subscriber = self._route.get(channel)
-        if subscriber is None:
-            subscriber = await self._owner(channel)
-            if channel not in self._route:  # nobody routed it meanwhile
-                self._route[channel] = subscriber
-                for mailbox in self._mailboxes.get(channel, ()):
-                    subscriber.deliver(channel, mailbox)
-            subscriber = self._route[channel]
-        self._refs[channel] = self._refs.get(channel, 0) + 1
-        try:
-            await subscriber.subscribe(channel)
-        except BaseException:
-            self._forget(channel)
-            raise
+        """Subscribe on the slot's owner; if that fails (a stale slot map during a
+        failover, a dead node), learn the slot map again and try its new owner. If that
+        fails too, go on unsubscribed: the waiter then retries on its timers."""
+        for attempt in range(2):
+            subscriber = self._route.get(channel)
+            if subscriber is None:
+                if attempt:
+                    with map_backend_errors(self._where, _DRIVER_ERRORS):
+                        await self._client.nodes_manager.initialize()
+                subscriber = await self._owner(channel)
+                if channel not in self._route:  # nobody routed it meanwhile
+                    self._route[channel] = subscriber
+                    for mailbox in self._mailboxes.get(channel, ()):
+                        subscriber.deliver(channel, mailbox)
+                subscriber = self._route[channel]
+            self._refs[channel] = self._refs.get(channel, 0) + 1
+            try:
+                await subscriber.subscribe(channel)
+            except BackendError as exc:
+                self._forget(channel)
+                if self._closed:
+                    raise
+                logger.info("%s: subscribing to %s failed (%s)", self._where, channel, exc)
+            except BaseException:
+                self._forget(channel)
+                raise
+            else:
+                return
+        logger.warning(
+            "%s: waiting on %s without wake-ups (its slot's node did not answer)",
+            self._where,
+            channel,
+        )
+        self._refs[channel] = self._refs.get(channel, 0) + 1  # unsubscribe() balances it
 
     def _forget(self, channel: str) -> _Subscriber | None:
         refs = self._refs.get(channel, 0) - 1
@@ -1255,10 +1293,9 @@ class _ShardedSubscriber:
 
     async def unsubscribe(self, channel: str, *, confirm: bool) -> None:
         subscriber = self._route.get(channel)
-        if subscriber is None:
-            return
         self._forget(channel)
-        await subscriber.unsubscribe(channel, confirm=confirm)
+        if subscriber is not None:
+            await subscriber.unsubscribe(channel, confirm=confirm)
 
     async def aclose(self) -> None:
         self._closed = True
