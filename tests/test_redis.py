@@ -239,6 +239,25 @@ class TestPubSub:
         numsub = await raw.pubsub_numsub(*(backend.inbox(f"ps:{i}") for i in range(4)))
         assert all(count == 0 for _, count in numsub)
 
+    async def test_a_wait_that_begins_as_its_lingering_channel_is_dropped(
+        self, redis_coord: asynclock.Coordinator, raw: Redis
+    ) -> None:
+        """A lingering channel whose time runs out in the same moment a new wait subscribes
+        to it stays subscribed for that wait (the drop must not clobber it)."""
+        backend = redis_backend(redis_coord)
+        subscriber = backend._subscriber
+        channel = backend.inbox("race")
+        await subscriber.subscribe(channel)
+        await subscriber.unsubscribe(channel, confirm=False)  # lingers
+        timer = subscriber._lingering[channel]  # type: ignore[union-attr]
+        timer.cancel()
+        subscriber._drop(channel)  # type: ignore[union-attr]  # its time is up, as ...
+        await subscriber.subscribe(channel)  # ... a new wait begins
+        await asyncio.sleep(0.1)  # the drop's task has run
+        assert channel in subscriber.channels()
+        assert (await raw.pubsub_numsub(channel))[0][1] == 1
+        await subscriber.unsubscribe(channel, confirm=True)
+
     async def test_a_hot_lock_keeps_its_subscription(
         self, redis_coord: asynclock.Coordinator, raw: Redis
     ) -> None:

@@ -364,9 +364,9 @@ class RedisBackend(Backend):
                 return await execute("EVALSHA", script.sha, numkeys, *args)
 
     async def _load(self, script: _scripts.Script, execute: _Run) -> None:
-        client = self._client
-        if isinstance(client, RedisCluster):
-            await client.script_load(script.source)  # on every primary
+        link = self._link
+        if isinstance(link, _ClusterLink):
+            await link.load(script)  # on every primary
         else:
             await execute("SCRIPT", "LOAD", script.source)
 
@@ -703,13 +703,27 @@ class _ClusterLink:
     burst of acquires waits for a connection as it does on one node.
     """
 
-    __slots__ = ("_client", "_closed", "_slots")
+    __slots__ = ("_client", "_closed", "_loading", "_slots")
 
     def __init__(self, client: RedisCluster) -> None:
         self._client = client
         self._closed = False
         limit = int(client.get_connection_kwargs().get("max_connections") or 100)
         self._slots = asyncio.Semaphore(limit)
+        self._loading: dict[str, asyncio.Future[None]] = {}
+
+    async def load(self, script: _scripts.Script) -> None:
+        """``SCRIPT LOAD`` on every primary, once however many callers found it missing
+        at the same moment (a burst of first acquires, or after a failover)."""
+        loading = self._loading.get(script.sha)
+        if loading is None:
+            loading = self._loading[script.sha] = asyncio.ensure_future(self._load(script))
+            loading.add_done_callback(lambda _: self._loading.pop(script.sha, None))
+        await asyncio.shield(loading)
+
+    async def _load(self, script: _scripts.Script) -> None:
+        async with self._slots:
+            await self._client.script_load(script.source)
 
     async def execute(self, *args: Any) -> Any:
         if self._closed:
@@ -873,15 +887,17 @@ class _Subscriber:
         if lingering is not None:
             lingering.cancel()  # still subscribed: nothing to send
         try:
-            if refs == 0 and lingering is None:
-                self._ready[channel] = asyncio.get_running_loop().create_future()
+            ready = self._ready.get(channel)
+            if ready is None:  # not subscribed (nor lingering), or refused by the server
+                ready = self._ready[channel] = asyncio.get_running_loop().create_future()
                 if self._conn is not None:
                     await self._send(self._subscribe, channel)
                 if self._reader is None:
                     # It connects if needed and subscribes every wanted channel.
                     self._reader = asyncio.create_task(self._run(), name="asynclock-pubsub")
             async with asyncio.timeout(self._timeout):
-                await asyncio.shield(self._ready[channel])
+                # Re-read: a lost connection replaces the future while we wait.
+                await asyncio.shield(self._ready.get(channel, ready))
         except BaseException as exc:
             await self.unsubscribe(channel, confirm=False)
             if isinstance(exc, TimeoutError):
@@ -916,16 +932,27 @@ class _Subscriber:
         """A lingering channel's time is up: unsubscribe, unless someone came back."""
         self._lingering.pop(channel, None)
         if self._refs.get(channel) == 0:
-            task = asyncio.ensure_future(self._unsubscribe_now(channel, confirm=False))
+            # Forget it now, not when the task runs: a subscribe in between must see
+            # the channel unsubscribed and send its own SUBSCRIBE.
+            self._forget(channel)
+            task = asyncio.ensure_future(self._send_unsubscribe(channel, confirm=False))
             self._dropping.add(task)
             task.add_done_callback(self._dropping.discard)
 
-    async def _unsubscribe_now(self, channel: str, *, confirm: bool) -> None:
+    def _forget(self, channel: str) -> None:
         self._refs.pop(channel, None)
         ready = self._ready.pop(channel, None)
         if ready is not None and not ready.done():
             ready.cancel()
-        if self._conn is None:
+
+    async def _unsubscribe_now(self, channel: str, *, confirm: bool) -> None:
+        self._forget(channel)
+        await self._send_unsubscribe(channel, confirm=confirm)
+
+    async def _send_unsubscribe(self, channel: str, *, confirm: bool) -> None:
+        if self._conn is None or channel in self._refs:
+            # No connection (nothing subscribed), or wanted again meanwhile: its
+            # SUBSCRIBE went out after ours would have, so it stands.
             return
         done = asyncio.get_running_loop().create_future() if confirm else None
         self._unsubscribing.setdefault(channel, deque()).append(done)
