@@ -9,6 +9,8 @@ The classes and functions behind them are here for tests that start servers them
 with the fault-injecting proxy (:mod:`.proxy`) and the history checker (:mod:`.history`).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._clock import ManualClock as ManualClock
 from ._servers import ContainerServer as ContainerServer
 from ._servers import ExternalServer as ExternalServer
@@ -39,9 +41,11 @@ from .history import FenceRejected as FenceRejected
 from .history import Report as Report
 from .history import Violation as Violation
 from .history import check as check_history
-from .proxy import FaultProxy as FaultProxy
-from .proxy import ProxyProcess as ProxyProcess
-from .proxy import ProxyStats as ProxyStats
+
+if TYPE_CHECKING:
+    from .proxy import FaultProxy as FaultProxy
+    from .proxy import ProxyProcess as ProxyProcess
+    from .proxy import ProxyStats as ProxyStats
 
 __all__ = (
     "Ack",
@@ -78,3 +82,13 @@ __all__ = (
     "start_sentinel",
     "start_valkey",
 )
+
+
+def __getattr__(name: str) -> Any:
+    # The proxy is imported on first use, not with the package: `python -m
+    # asynclock.testing.proxy` would otherwise find it imported before it runs as __main__.
+    if name in ("FaultProxy", "ProxyProcess", "ProxyStats"):
+        from . import proxy  # noqa: PLC0415
+
+        return getattr(proxy, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
