@@ -23,6 +23,7 @@ from ._errors import LockTimeout as LockTimeout
 from ._errors import QuorumError as QuorumError
 from ._lock import Lease as Lease
 from ._lock import Lock as Lock
+from ._lock import ReadWriteLock as ReadWriteLock
 from ._stats import CoordinatorStats as CoordinatorStats
 from ._stats import LatencySummary as LatencySummary
 from ._version import __version__ as __version__
@@ -44,6 +45,7 @@ __all__ = (
     "LockNotOwned",
     "LockTimeout",
     "QuorumError",
+    "ReadWriteLock",
     "Term",
     "__version__",
     "connect",

@@ -14,7 +14,7 @@ from . import _decorators
 from ._backoff import Backoff
 from ._election import Election, check_election, default_identity
 from ._errors import BackendError
-from ._lock import Lease, Lock
+from ._lock import Lease, Lock, ReadWriteLock
 from ._stats import CoordinatorStats, Recorder
 from ._validate import check_name, check_timeout, check_ttl
 from ._wakeup import WakeSlot
@@ -33,6 +33,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _DEFAULT_RETRY = Backoff()
+# Permits of one semaphore: each is a member of a set the acquire scans.
+_MAX_PERMITS = 10_000
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 _SCHEMES = (
     "memory",
@@ -96,6 +98,7 @@ class Coordinator:
         cancel_on_lost: bool = True,
         retry: Backoff | None = None,
         shared: bool = False,
+        fair: bool = False,
     ) -> Lock:
         """A lock on ``name``; use ``async with coord.lock(name) as lease:``.
 
@@ -107,36 +110,140 @@ class Coordinator:
           raises :class:`~asynclock.LockLost`. With False the body runs on, ``lease.lost``
           turns true and leaving the block raises ``LockLost``.
         - ``retry``: the :class:`Backoff` between attempts when no wake-up comes.
-        - ``shared``: a shared (reader) lease, where the backend supports it.
+        - ``shared``: a shared (reader) lease, where the backend supports it; see
+          :meth:`rwlock`.
+        - ``fair``: first come, first served: waiters get the lock in the order they
+          first tried, and a release wakes the first in line only. A waiter that dies
+          keeps its place until its backoff's maximum plus a second has passed.
 
         Raises ``TypeError``/``ValueError`` at once for bad arguments.
         """
-        check_name(name)
-        ttl = check_ttl(ttl)
-        timeout = check_timeout(timeout)
-        flags = (("renew", renew), ("cancel_on_lost", cancel_on_lost), ("shared", shared))
-        for flag, value in flags:
-            if not isinstance(value, bool):
-                raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
-        if retry is None:
-            retry = _DEFAULT_RETRY
-        elif not isinstance(retry, Backoff):
-            raise TypeError(f"retry must be an asynclock.Backoff, got {type(retry).__name__}")
+        retry = self._check(name, ttl, timeout, retry, renew, cancel_on_lost, shared, fair)
         if shared and not self._backend.supports_shared:
             raise ValueError(
                 f"shared=True is not supported by {type(self._backend).__name__} "
-                "(supported: MemoryBackend, PostgreSQL)"
+                "(supported: memory, Redis, PostgreSQL)"
+            )
+        if fair and shared:
+            raise ValueError("fair=True is for exclusive locks, not shared=True")
+        if fair and not self._backend.supports_fair:
+            raise ValueError(
+                f"fair=True is not supported by {type(self._backend).__name__} "
+                "(supported: memory, Redis, PostgreSQL)"
             )
         return Lock(
             self,
             name,
-            ttl=ttl,
-            timeout=timeout,
+            ttl=check_ttl(ttl),
+            timeout=check_timeout(timeout),
             renew=renew,
             cancel_on_lost=cancel_on_lost,
             retry=retry,
             shared=shared,
+            fair=fair,
         )
+
+    def semaphore(
+        self,
+        name: str,
+        limit: int,
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = None,
+        renew: bool = True,
+        cancel_on_lost: bool = True,
+        retry: Backoff | None = None,
+    ) -> Lock:
+        """A counting semaphore: at most ``limit`` holders of ``name`` at once.
+
+        ``async with coord.semaphore("api-quota", 5) as permit:`` — each permit is a
+        :class:`Lease` like a lock's: its own TTL, renewal, fence, loss and cancellation;
+        a crashed holder's permit expires with its TTL. Every holder of one semaphore
+        must use the same ``limit``. The other arguments are :meth:`lock`'s. Semaphores
+        live apart from locks of the same name.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"limit must be an int, got {type(limit).__name__}")
+        if not 1 <= limit <= _MAX_PERMITS:
+            raise ValueError(f"limit must be from 1 to {_MAX_PERMITS}, got {limit}")
+        retry = self._check(name, ttl, timeout, retry, renew, cancel_on_lost)
+        if not self._backend.supports_semaphore:
+            raise ValueError(
+                f"semaphores are not supported by {type(self._backend).__name__} "
+                "(supported: memory, Redis, PostgreSQL)"
+            )
+        return Lock(
+            self,
+            name,
+            ttl=check_ttl(ttl),
+            timeout=check_timeout(timeout),
+            renew=renew,
+            cancel_on_lost=cancel_on_lost,
+            retry=retry,
+            shared=False,
+            limit=limit,
+        )
+
+    def rwlock(
+        self,
+        name: str,
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = None,
+        renew: bool = True,
+        cancel_on_lost: bool = True,
+        retry: Backoff | None = None,
+    ) -> ReadWriteLock:
+        """A read-write lock: ``async with rw.read():`` shares ``name`` with other
+        readers, ``async with rw.write():`` excludes everyone.
+
+        Writers are preferred: once a writer waits, new readers wait behind it, so a
+        steady stream of readers cannot starve it; it gets in as soon as the readers
+        already inside have left (or their leases ended). The arguments are
+        :meth:`lock`'s, for both sides.
+        """
+        retry = self._check(name, ttl, timeout, retry, renew, cancel_on_lost)
+        if not self._backend.supports_shared:
+            raise ValueError(
+                f"read-write locks are not supported by {type(self._backend).__name__} "
+                "(supported: memory, Redis, PostgreSQL)"
+            )
+        sides = [
+            Lock(
+                self,
+                name,
+                ttl=check_ttl(ttl),
+                timeout=check_timeout(timeout),
+                renew=renew,
+                cancel_on_lost=cancel_on_lost,
+                retry=retry,
+                shared=shared,
+            )
+            for shared in (True, False)
+        ]
+        return ReadWriteLock(name, sides[0], sides[1])
+
+    def _check(
+        self,
+        name: object,
+        ttl: object,
+        timeout: object,
+        retry: Backoff | None,
+        *flags: bool,
+    ) -> Backoff:
+        """Validate what every lock-like object takes; the Backoff to use."""
+        check_name(name)
+        check_ttl(ttl)
+        check_timeout(timeout)
+        names = ("renew", "cancel_on_lost", "shared", "fair")
+        for flag, value in zip(names, flags, strict=False):
+            if not isinstance(value, bool):
+                raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
+        if retry is None:
+            return _DEFAULT_RETRY
+        if not isinstance(retry, Backoff):
+            raise TypeError(f"retry must be an asynclock.Backoff, got {type(retry).__name__}")
+        return retry
 
     def election(
         self,

@@ -257,6 +257,8 @@ class Lock:
         "_lost_error",
         "_owner",
         "cancel_on_lost",
+        "fair",
+        "limit",
         "name",
         "renew",
         "retry",
@@ -278,6 +280,8 @@ class Lock:
         shared: bool,
         owner: str | None = None,
         lost_error: type[LockLost] = LockLost,
+        limit: int = 0,
+        fair: bool = False,
     ) -> None:
         self._coord = coord
         self.name = name
@@ -291,6 +295,8 @@ class Lock:
         self.cancel_on_lost = cancel_on_lost
         self.retry = retry
         self.shared = shared
+        self.limit = limit  # > 0: a semaphore permit (see Coordinator.semaphore)
+        self.fair = fair
         # The lease of each task inside ``async with`` (several when shared).
         self._leases: dict[asyncio.Task[object] | None, Lease] = {}
 
@@ -328,6 +334,8 @@ class Lock:
             self._owner or coord.identity,
             self.shared,
             recheck=self.retry.maximum,
+            limit=self.limit,
+            fair=self.fair,
         )
         began = time.perf_counter()
         recorder.started()
@@ -500,3 +508,31 @@ class Lock:
             f"<Lock {self.name!r} ttl={self.ttl:g} timeout={self.timeout!r} "
             f"held_by_tasks={len(self._leases)}>"
         )
+
+
+class ReadWriteLock:
+    """A read-write lock; made by :meth:`Coordinator.rwlock`.
+
+    ``async with rw.read() as lease:`` holds a shared lease (readers overlap),
+    ``async with rw.write() as lease:`` an exclusive one. Both are :class:`Lock` objects
+    with everything a lock has (TTL, renewal, fences, loss, cancellation, ``acquire()``).
+    Writers are preferred: a waiting writer keeps new readers out until it got in.
+    """
+
+    __slots__ = ("_read", "_write", "name")
+
+    def __init__(self, name: str, read: Lock, write: Lock) -> None:
+        self.name = name
+        self._read = read
+        self._write = write
+
+    def read(self) -> Lock:
+        """The shared side: many readers at once, none while a writer holds or waits."""
+        return self._read
+
+    def write(self) -> Lock:
+        """The exclusive side: one writer, no readers."""
+        return self._write
+
+    def __repr__(self) -> str:
+        return f"<ReadWriteLock {self.name!r} ttl={self._write.ttl:g}>"

@@ -36,22 +36,46 @@ class Claim:
     the backend's own per-lease state (cached key names, a pinned connection).
     ``recheck`` is the longest a waiter sleeps between attempts (its backoff's maximum):
     a backend that queues waiters keeps a place at least that long after each attempt.
+
+    What is claimed:
+
+    - a lock (the default): one holder at a time;
+    - ``shared``: a reader of a read-write lock; readers share ``name``, a non-shared
+      claim (a writer) excludes everyone. Writers are preferred: once a writer was
+      refused, new readers are refused until it got the lock (or gave up and its place
+      lapsed), so a stream of readers cannot starve it;
+    - ``limit > 0``: a permit of the counting semaphore ``name``: at most ``limit``
+      holders at once, each with its own expiry and fence. Semaphores live apart from
+      locks of the same name;
+    - ``fair``: a lock granted in arrival order: an attempt is refused while a live
+      waiter that came earlier is queued, and a release wakes the first in line.
     """
 
-    __slots__ = ("handle", "name", "recheck", "shared", "token", "value")
+    __slots__ = ("fair", "handle", "limit", "name", "recheck", "shared", "token", "value")
 
     def __init__(
-        self, name: str, token: str, owner: str, shared: bool, *, recheck: float = 1.0
+        self,
+        name: str,
+        token: str,
+        owner: str,
+        shared: bool,
+        *,
+        recheck: float = 1.0,
+        limit: int = 0,
+        fair: bool = False,
     ) -> None:
         self.name = name
         self.token = token
         self.value = f"{token}:{owner}"
         self.shared = shared
         self.recheck = recheck
+        self.limit = limit
+        self.fair = fair
         self.handle: Any = None
 
     def __repr__(self) -> str:
-        return f"<Claim {self.name!r} shared={self.shared}>"
+        kind = f"limit={self.limit}" if self.limit else f"shared={self.shared}"
+        return f"<Claim {self.name!r} {kind}{' fair' if self.fair else ''}>"
 
 
 def owner_of(value: str) -> str:
@@ -111,8 +135,12 @@ class Backend(abc.ABC):
 
     #: True when ``try_acquire(wait=...)`` can wait in the server's own lock queue.
     native_wait: ClassVar[bool] = False
-    #: True when ``shared=True`` (reader) leases are supported.
+    #: True when ``shared=True`` (reader) leases are supported, writers preferred.
     supports_shared: ClassVar[bool] = False
+    #: True when semaphore permits (``Claim.limit > 0``) are supported.
+    supports_semaphore: ClassVar[bool] = False
+    #: True when fair (first-come, first-served) locks are supported.
+    supports_fair: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -18,6 +18,13 @@ from .base import Attempt, Backend, Claim, LockInfo, owner_of
 
 __all__ = ("MemoryBackend",)
 
+# A queued waiter keeps its place this long beyond its longest sleep between attempts.
+_QUEUE_MARGIN = 1.0
+
+
+def _left(holders: dict[str, _Holder], now: float) -> float:
+    return max(h.expires_at for h in holders.values()) - now
+
 
 class _Holder:
     __slots__ = ("expires_at", "fence")
@@ -30,7 +37,18 @@ class _Holder:
 class _Table:
     """Holders per name (several when shared), fences per name, and the waiters' hub."""
 
-    __slots__ = ("__weakref__", "exclusive", "fences", "holders", "hub", "topics")
+    __slots__ = (
+        "__weakref__",
+        "exclusive",
+        "fences",
+        "holders",
+        "hub",
+        "permit_fences",
+        "permits",
+        "queues",
+        "topics",
+        "writer_waiting",
+    )
 
     def __init__(self) -> None:
         self.holders: dict[str, dict[str, _Holder]] = {}
@@ -38,6 +56,20 @@ class _Table:
         self.fences: dict[str, int] = {}
         self.hub = WakeHub()
         self.topics: dict[str, set[Mailbox]] = {}
+        # Semaphores: permit holders and fences per name, apart from the locks.
+        self.permits: dict[str, dict[str, _Holder]] = {}
+        self.permit_fences: dict[str, int] = {}
+        # Fair locks: waiters in arrival order, each with the time its place lapses.
+        self.queues: dict[str, dict[str, float]] = {}
+        # Read-write locks: until when a waiting writer keeps new readers out, and who.
+        self.writer_waiting: dict[str, tuple[float, str]] = {}
+
+    def queue(self, name: str, now: float) -> dict[str, float]:
+        """The live waiters of the fair lock ``name``, first in line first."""
+        queue = self.queues.setdefault(name, {})
+        for value in [v for v, until in queue.items() if until <= now]:
+            del queue[value]
+        return queue
 
     def live(self, name: str, now: float) -> dict[str, _Holder] | None:
         """The unexpired holders of ``name`` (expired ones are dropped), or None if free."""
@@ -68,6 +100,8 @@ class MemoryBackend(Backend):
     """
 
     supports_shared = True
+    supports_semaphore = True
+    supports_fair = True
 
     def __init__(
         self,
@@ -98,12 +132,33 @@ class MemoryBackend(Backend):
         return backend
 
     async def try_acquire(self, claim: Claim, ttl: float, *, wait: float | None = 0.0) -> Attempt:
+        if claim.limit:
+            return self._permit(claim, ttl)
         table = self._table
         name = claim.name
         now = self.clock.now()
+        stay = now + claim.recheck + _QUEUE_MARGIN
         holders = table.live(name, now)
+        if claim.fair:
+            queue = table.queue(name, now)
+            first = next(iter(queue), claim.value)
+            if holders is not None or first != claim.value:
+                queue[claim.value] = stay  # joins at the end, or keeps its place
+                left = None if holders is None else _left(holders, now)
+                return Attempt(None, left)
+            queue.pop(claim.value, None)
+        elif claim.shared and name in table.writer_waiting:
+            until, _ = table.writer_waiting[name]
+            if until > now:
+                # A writer waits: readers queue behind it, even while readers hold.
+                return Attempt(None, until - now)
+            del table.writer_waiting[name]
         if holders is not None and not (claim.shared and not table.exclusive[name]):
-            return Attempt(None, max(h.expires_at for h in holders.values()) - now)
+            if not claim.shared and wait != 0:  # a writer that will wait, not try once
+                table.writer_waiting[name] = (stay, claim.value)
+            return Attempt(None, _left(holders, now))
+        if not claim.shared:
+            table.writer_waiting.pop(name, None)
         fence = table.fences[name] = table.fences.get(name, 0) + 1
         if holders is None:
             holders = table.holders[name] = {}
@@ -114,9 +169,32 @@ class MemoryBackend(Backend):
             table.hub.notify_one(name)
         return Attempt(fence)
 
+    def _permit(self, claim: Claim, ttl: float) -> Attempt:
+        table = self._table
+        name = claim.name
+        now = self.clock.now()
+        permits = table.permits.setdefault(name, {})
+        for value in [v for v, h in permits.items() if h.expires_at <= now]:
+            del permits[value]
+        if len(permits) >= claim.limit:
+            return Attempt(None, min(h.expires_at for h in permits.values()) - now)
+        fence = table.permit_fences[name] = table.permit_fences.get(name, 0) + 1
+        permits[claim.value] = _Holder(now + ttl, fence)
+        return Attempt(fence)
+
+    def _holders(self, claim: Claim, now: float) -> dict[str, _Holder] | None:
+        if claim.limit:
+            permits = self._table.permits.get(claim.name)
+            if permits is None:
+                return None
+            for value in [v for v, h in permits.items() if h.expires_at <= now]:
+                del permits[value]
+            return permits
+        return self._table.live(claim.name, now)
+
     async def extend(self, claim: Claim, ttl: float) -> bool:
         now = self.clock.now()
-        holders = self._table.live(claim.name, now)
+        holders = self._holders(claim, now)
         holder = None if holders is None else holders.get(claim.value)
         if holder is None:
             return False
@@ -128,13 +206,22 @@ class MemoryBackend(Backend):
 
     async def release(self, claim: Claim) -> bool:
         table = self._table
-        holders = table.live(claim.name, self.clock.now())
+        now = self.clock.now()
+        holders = self._holders(claim, now)
         if holders is None or holders.pop(claim.value, None) is None:
             return False
-        if not holders:
+        if claim.limit:
+            table.hub.notify_one(claim.name)  # one permit came free
+        elif not holders:
             del table.holders[claim.name]
             del table.exclusive[claim.name]
-            table.hub.notify_one(claim.name)
+            first = next(iter(table.queue(claim.name, now)), None) if claim.fair else None
+            if first is not None:
+                table.hub.notify_tag(claim.name, first)  # the first in line, and only it
+            elif claim.shared or claim.name in table.writer_waiting:
+                table.hub.notify_all(claim.name)  # the writer, or every reader
+            else:
+                table.hub.notify_one(claim.name)
         return True
 
     async def inspect(self, name: str) -> LockInfo | None:
@@ -150,12 +237,25 @@ class MemoryBackend(Backend):
 
     @asynccontextmanager
     async def _waiter(self, name: str) -> AsyncIterator[WakeSlot]:
-        hub = self._table.hub
-        slot = hub.register(name)
+        table = self._table
+        slot = table.hub.register(name)
         try:
             yield slot
         finally:
-            hub.unregister(slot)
+            table.hub.unregister(slot)
+            # A writer that gives up stops keeping readers out.
+            waiting = table.writer_waiting.get(name)
+            if waiting is not None and waiting[1] == slot.tag:
+                del table.writer_waiting[name]
+                table.hub.notify_all(name)
+            # A fair waiter that leaves without the lock (timed out, cancelled) leaves
+            # the line; if the lock is free, the next in line may go.
+            queue = table.queues.get(name)
+            if queue and slot.tag is not None and queue.pop(slot.tag, None) is not None:
+                now = self.clock.now()
+                first = next(iter(table.queue(name, now)), None)
+                if first is not None and table.live(name, now) is None:
+                    table.hub.notify_tag(name, first)
 
     async def publish(self, topic: str, message: str) -> None:
         for mailbox in self._table.topics.get(topic, ()):
