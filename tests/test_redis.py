@@ -382,8 +382,10 @@ class TestBadInputWritesNothing:
         for name in ("", 1, None, "x" * 5000):
             with pytest.raises((ValueError, TypeError)):
                 redis_coord.lock(name)  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="shared"):
-            redis_coord.lock("bad", shared=True)
+        with pytest.raises(ValueError, match="fair"):
+            redis_coord.lock("bad", shared=True, fair=True)
+        with pytest.raises(ValueError, match="limit"):
+            redis_coord.semaphore("bad", 0)
         assert await namespace_keys(raw, namespace) == []
         calls_after = await raw.info("commandstats")
         assert calls_after.get("cmdstat_evalsha") == calls_before.get("cmdstat_evalsha")

@@ -1,8 +1,9 @@
 """One Redis or Valkey node, through redis.asyncio (hiredis parser when installed).
 
-Every state change is one Lua script from :mod:`._scripts`. Waiters sleep on a per-name
-pub/sub channel that the release script publishes to; all waiters of a coordinator share
-one pub/sub connection (:class:`_Subscriber`).
+Every state change is one Lua script from :mod:`._scripts` (locks, fair locks, readers
+of read-write locks, semaphore permits). Waiters sleep on a per-name pub/sub channel that
+the release scripts publish to; all waiters of a coordinator share one pub/sub connection
+(:class:`_Subscriber`).
 """
 
 from __future__ import annotations
@@ -63,13 +64,57 @@ Call = tuple[_scripts.Script, int, tuple[Any, ...]]
 
 
 class Keys(NamedTuple):
-    """The names behind one lock; they share the hash tag ``{name}``."""
+    """The names behind one lock; they share the hash tag ``{name}``.
+
+    The keys of read-write locks and semaphores are properties, made when asked for:
+    a plain lock never pays for their names.
+    """
 
     lock: str
     fence: str
     channel: str
-    queue: str  # waiters in arrival order (a sorted set)
+    queue: str  # exclusive waiters in arrival order (a sorted set)
     due: str  # when each waiter's place in the queue lapses (a hash)
+
+    @property
+    def readers(self) -> str:
+        """Readers holding the name (a sorted set: value -> expiry, ms)."""
+        return self.lock + ":readers"
+
+    @property
+    def reader_grants(self) -> str:
+        """Each reader's fence (a hash)."""
+        return self.lock + ":readers:grants"
+
+    @property
+    def reader_queue(self) -> str:
+        return self.lock + ":readers:queue"
+
+    @property
+    def reader_due(self) -> str:
+        return self.lock + ":readers:due"
+
+    @property
+    def permits(self) -> str:
+        """Holders of the semaphore ``name`` (a sorted set: value -> expiry, ms)."""
+        return self.lock + ":permits"
+
+    @property
+    def permit_fence(self) -> str:
+        """The semaphore's own fence counter."""
+        return self.lock + ":permits:fence"
+
+    @property
+    def permit_grants(self) -> str:
+        return self.lock + ":permits:grants"
+
+    @property
+    def permit_queue(self) -> str:
+        return self.lock + ":permits:queue"
+
+    @property
+    def permit_due(self) -> str:
+        return self.lock + ":permits:due"
 
 
 # A waiter keeps its place in the queue for its longest sleep between attempts (it renews
@@ -230,11 +275,20 @@ class RedisBackend(Backend):
     after the lock was last taken or renewed; fences then continue from the server's clock
     in microseconds (README).
 
+    Read-write locks, semaphores and fair locks (``Claim.shared``, ``limit``, ``fair``)
+    run on the same node or slot; their keys are listed in :mod:`._scripts`. Readers hold
+    the lock key itself (with a mark, expiring with the last reader), so writers and
+    plain locks of the name exclude them at no extra cost.
+
     ``sync_replicas=N`` (not on Cluster): after a grant, ``WAIT N`` on the same connection
     until N replicas have the key, at most ``sync_timeout`` seconds; fewer confirmations
     fail the acquire with ``BackendError`` (and the grant is released). It makes losing a
     lock in a failover less likely, not impossible: fences still decide (README).
     """
+
+    supports_shared = True
+    supports_semaphore = True
+    supports_fair = True
 
     def __init__(
         self,
@@ -323,7 +377,8 @@ class RedisBackend(Backend):
     # -- keys ------------------------------------------------------------------------
 
     def keys(self, name: str) -> Keys:
-        """The lock key, fence counter key, wake-up channel and waiter queue of ``name``."""
+        """The lock key, fence counter key, wake-up channel and waiter queue of ``name``
+        (and, as properties, its readers' and its semaphore's keys)."""
         base = f"{self._prefix}:{{{name}}}"
         return Keys(base, f"{base}:fence", f"{base}:wake", f"{base}:queue", f"{base}:due")
 
@@ -370,8 +425,9 @@ class RedisBackend(Backend):
         else:
             await execute("SCRIPT", "LOAD", script.source)
 
-    async def _acquire_synced(self, keys: Keys, value: str, call: Call) -> int:
-        """The acquire script, then ``WAIT`` on the same connection if it was granted."""
+    async def _acquire_synced(self, call: Call, undo: Call) -> int:
+        """The acquire script, then ``WAIT`` on the same connection if it was granted
+        (``undo`` gives the grant back when too few replicas confirmed)."""
         link = self._link
         assert isinstance(link, _Link)  # sync_replicas never uses the pipelined link
         script, numkeys, args = call
@@ -390,7 +446,7 @@ class RedisBackend(Backend):
                 confirmed = int(await run("WAIT", wanted, self._sync_timeout_ms))
                 if confirmed < wanted:
                     # Not durable enough for the caller: give the grant back now.
-                    await self.run(self.release_call(keys, value))
+                    await self.run(undo)
         if confirmed < wanted:
             raise BackendError(
                 f"{self._where}: the lock reached {confirmed} of the {wanted} replicas "
@@ -447,11 +503,98 @@ class RedisBackend(Backend):
         return _scripts.EXTEND, 2, args
 
     def release_call(self, keys: Keys, value: str) -> Call:
-        return _scripts.RELEASE, 4, (keys.lock, keys.channel, keys.queue, keys.due, value)
+        args = (
+            keys.lock, keys.channel, keys.queue, keys.due, keys.reader_queue, keys.reader_due,
+            value,
+        )  # fmt: skip
+        return _scripts.RELEASE, 6, args
 
     def dequeue_call(self, keys: Keys, value: str) -> Call:
-        """Leave the waiter queue (a waiter that gave up), passing on a wake-up."""
-        return _scripts.DEQUEUE, 4, (keys.lock, keys.channel, keys.queue, keys.due, value)
+        """Leave whichever waiter queue of the name the waiter is in (it gave up),
+        passing on a wake-up."""
+        args = (
+            keys.lock, keys.channel, keys.queue, keys.due, keys.reader_queue, keys.reader_due,
+            keys.permit_queue, keys.permit_due, value,
+        )  # fmt: skip
+        return _scripts.DEQUEUE, 8, args
+
+    # Fair locks, readers and semaphore permits (single-node calls; Redlock has none).
+
+    def _stay(self, queue: float | None) -> int:
+        return 0 if queue is None else math.ceil(queue * 1000) + QUEUE_MARGIN_MS
+
+    def fair_call(self, keys: Keys, value: str, ttl: float, *, queue: float | None) -> Call:
+        """ACQUIRE in arrival order: refused while an earlier live waiter is queued."""
+        args = (
+            keys.lock, keys.fence, keys.queue, keys.due,
+            value, math.ceil(ttl * 1000), self.retention_ms(ttl), self._stay(queue), self._inbox,
+        )  # fmt: skip
+        return _scripts.ACQUIRE_FAIR, 4, args
+
+    def shared_call(self, keys: Keys, value: str, ttl: float, *, queue: float | None) -> Call:
+        """A reader's acquire: granted while no writer holds or waits."""
+        args = (
+            keys.lock, keys.fence, keys.readers, keys.reader_grants,
+            keys.queue, keys.due, keys.reader_queue, keys.reader_due,
+            value, math.ceil(ttl * 1000), self.retention_ms(ttl), self._stay(queue), self._inbox,
+        )  # fmt: skip
+        return _scripts.ACQUIRE_SHARED, 8, args
+
+    def extend_shared_call(self, keys: Keys, value: str, ttl: float) -> Call:
+        args = (
+            keys.lock, keys.fence, keys.readers, keys.reader_grants,
+            value, math.ceil(ttl * 1000), self.retention_ms(ttl),
+        )  # fmt: skip
+        return _scripts.EXTEND_SHARED, 4, args
+
+    def release_shared_call(self, keys: Keys, value: str) -> Call:
+        args = (
+            keys.lock, keys.channel, keys.queue, keys.due, keys.reader_queue, keys.reader_due,
+            keys.readers, keys.reader_grants, value,
+        )  # fmt: skip
+        return _scripts.RELEASE_SHARED, 8, args
+
+    def permit_call(
+        self, keys: Keys, value: str, ttl: float, limit: int, *, queue: float | None
+    ) -> Call:
+        """A semaphore permit: granted while fewer than ``limit`` unexpired ones are held."""
+        args = (
+            keys.permits, keys.permit_fence, keys.permit_grants,
+            keys.permit_queue, keys.permit_due, keys.channel,
+            value, math.ceil(ttl * 1000), self.retention_ms(ttl), limit, self._stay(queue),
+            self._inbox,
+        )  # fmt: skip
+        return _scripts.ACQUIRE_PERMIT, 6, args
+
+    def extend_permit_call(self, keys: Keys, value: str, ttl: float) -> Call:
+        args = (
+            keys.permits, keys.permit_fence, keys.permit_grants,
+            value, math.ceil(ttl * 1000), self.retention_ms(ttl),
+        )  # fmt: skip
+        return _scripts.EXTEND_PERMIT, 3, args
+
+    def release_permit_call(self, keys: Keys, value: str) -> Call:
+        args = (
+            keys.permits, keys.channel, keys.permit_queue, keys.permit_due,
+            keys.permit_grants, value,
+        )  # fmt: skip
+        return _scripts.RELEASE_PERMIT, 5, args
+
+    def _extend_call(self, claim: Claim, ttl: float) -> Call:
+        keys = self._claim_keys(claim)
+        if claim.limit:
+            return self.extend_permit_call(keys, claim.value, ttl)
+        if claim.shared:
+            return self.extend_shared_call(keys, claim.value, ttl)
+        return self.extend_call(keys, claim.value, ttl)
+
+    def _release_call(self, claim: Claim) -> Call:
+        keys = self._claim_keys(claim)
+        if claim.limit:
+            return self.release_permit_call(keys, claim.value)
+        if claim.shared:
+            return self.release_shared_call(keys, claim.value)
+        return self.release_call(keys, claim.value)
 
     async def run(self, call: Call) -> Any:
         """Run a call on this node: the script's raw reply."""
@@ -502,8 +645,11 @@ class RedisBackend(Backend):
         return bool(await self.run(self.release_call(keys, value)) == 1)
 
     async def inspect_keys(self, keys: Keys) -> tuple[str, float, int] | None:
-        """``(holder value, seconds left, fence counter)`` or None when free."""
-        reply = await self._eval(_scripts.INSPECT, 2, keys.lock, keys.fence)
+        """``(holder value, seconds left, fence counter)`` or None when free; while
+        readers hold, the reader whose lease ends last and its fence."""
+        reply = await self._eval(
+            _scripts.INSPECT, 4, keys.lock, keys.fence, keys.readers, keys.reader_grants
+        )
         if reply is None:
             return None
         value, pttl, fence = reply
@@ -516,9 +662,17 @@ class RedisBackend(Backend):
         # wakes it alone rather than every waiter of every client.
         queue = None if wait == 0 else claim.recheck
         keys = self._claim_keys(claim)
-        call = self.acquire_call(keys, claim.value, ttl, queue=queue)
+        value = claim.value
+        if claim.limit:
+            call = self.permit_call(keys, value, ttl, claim.limit, queue=queue)
+        elif claim.shared:
+            call = self.shared_call(keys, value, ttl, queue=queue)
+        elif claim.fair:
+            call = self.fair_call(keys, value, ttl, queue=queue)
+        else:
+            call = self.acquire_call(keys, value, ttl, queue=queue)
         if self._sync_replicas:
-            reply = await self._acquire_synced(keys, claim.value, call)
+            reply = await self._acquire_synced(call, self._release_call(claim))
         else:
             reply = int(await self.run(call))
         if reply > 0:
@@ -526,20 +680,37 @@ class RedisBackend(Backend):
         return Attempt(None, -reply / 1000 if reply < 0 else None)
 
     async def extend(self, claim: Claim, ttl: float) -> bool:
-        return await self.extend_keys(self._claim_keys(claim), claim.value, ttl)
+        return bool(await self.run(self._extend_call(claim, ttl)) == 1)
 
     async def extend_many(self, items: Sequence[tuple[Claim, float]]) -> list[bool | None]:
+        # Locks go in batches (one script call per chunk); readers and permits, each in
+        # a set of its own, one call each, all at once.
+        plain = [i for i, (claim, _) in enumerate(items) if not (claim.limit or claim.shared)]
+        results: list[bool | None] = [None] * len(items)
+        others = [i for i, (claim, _) in enumerate(items) if claim.limit or claim.shared]
+        if others:
+            replies = await asyncio.gather(
+                *(self.extend(*items[i]) for i in others), return_exceptions=True
+            )
+            for i, reply in zip(others, replies, strict=True):
+                if isinstance(reply, BaseException) and not isinstance(reply, BackendError):
+                    raise reply
+                results[i] = reply if isinstance(reply, bool) else None
+        if not plain:
+            return results
         try:
             extended = await self.extend_many_keys(
-                [(self._claim_keys(claim), claim.value, ttl) for claim, ttl in items]
+                [(self._claim_keys(items[i][0]), items[i][0].value, items[i][1]) for i in plain]
             )
         except BackendError as exc:
-            logger.warning("renewal of %d leases failed on %s: %s", len(items), self._where, exc)
-            return [None] * len(items)
-        return list(extended)
+            logger.warning("renewal of %d leases failed on %s: %s", len(plain), self._where, exc)
+            return results
+        for i, ok in zip(plain, extended, strict=True):
+            results[i] = ok
+        return results
 
     async def release(self, claim: Claim) -> bool:
-        return await self.release_keys(self._claim_keys(claim), claim.value)
+        return bool(await self.run(self._release_call(claim)) == 1)
 
     async def inspect(self, name: str) -> LockInfo | None:
         found = await self.inspect_keys(self.keys(name))
@@ -747,8 +918,9 @@ class _Waiter:
     """``backend.waiter(name)``: a hub slot, registered before subscribing.
 
     The slot's ``tag`` is the waiting claim's value (set by the lock): a release that
-    names it in its message wakes this slot alone. Leaving without the lock (timed out,
-    cancelled) takes the claim out of the server's waiter queue.
+    names it in its message wakes this slot alone ("*" wakes every slot of the name: the
+    readers after a writer). Leaving without the lock (timed out, cancelled) takes the
+    claim out of whichever of the name's waiter queues it is in (lock, readers, permits).
     """
 
     __slots__ = ("_backend", "_inbox", "_keys", "_slot")
@@ -1144,7 +1316,10 @@ class _Subscriber:
             if channel.endswith(self._inbox):
                 channel = channel[: -len(self._inbox)]
             release, _, target = _text(payload).partition(" ")
-            self._hub.announce(channel, release, target or None)
+            if target == "*":
+                self._hub.notify_all(channel)  # every waiting reader may go
+            else:
+                self._hub.announce(channel, release, target or None)
         else:
             for mailbox in mailboxes:
                 mailbox.put(_text(payload))
