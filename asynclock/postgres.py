@@ -22,6 +22,7 @@ __all__ = (
     "advisory_key",
     "advisory_xact_lock",
     "fence_sequence_sql",
+    "permit_key",
     "quote_ident",
 )
 
@@ -53,6 +54,44 @@ def advisory_key(name: str, namespace: str = DEFAULT_NAMESPACE) -> int:
 def key_in(prefix: bytes, name: str) -> int:
     """:func:`advisory_key` for ``prefix = UTF-8(namespace) + b"\\x00"``, unchecked."""
     digest = hashlib.sha256(prefix + name.encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def permit_prefix(namespace: str, name: str) -> bytes:
+    """The bytes every permit key of semaphore ``name`` is hashed from, before the slot.
+
+    ``UTF-8(namespace) + b"\\x00" + UTF-8(name) + b"\\xff"``: the same start as a lock's
+    key, then a byte that never occurs in UTF-8, so no lock name hashes the same input.
+    """
+    return namespace.encode() + b"\x00" + name.encode() + b"\xff"
+
+
+def permit_key(name: str, slot: int, namespace: str = DEFAULT_NAMESPACE) -> int:
+    """The 64-bit advisory-lock key of permit ``slot`` (0 to limit - 1) of semaphore ``name``.
+
+    ``key = first 8 bytes of SHA-256(UTF-8(namespace) + b"\\x00" + UTF-8(name) + b"\\xff" +
+    ASCII(decimal slot))``, big-endian signed, like :func:`advisory_key`. ``0xFF`` never
+    occurs in UTF-8, so permit keys and lock keys are hashed from different inputs: a
+    semaphore never shares keys with the lock of the same name.
+
+    >>> permit_key("api-quota", 0) == permit_key("api-quota", 0, "asynclock")
+    True
+    """
+    check_name(name)
+    check_name(namespace, "namespace")
+    if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
+        raise ValueError(f"slot must be an int >= 0, got {slot!r}")
+    digest = hashlib.sha256(permit_prefix(namespace, name) + str(slot).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def waiting_key(name: str, namespace: str = DEFAULT_NAMESPACE) -> int:
+    """The key permit waiters of semaphore ``name`` hold (shared) while they wait.
+
+    ``SHA-256(permit_prefix + b"waiting")``: not a decimal slot, so never a permit key. A
+    release that cannot take it exclusively knows someone waits and sends a NOTIFY.
+    """
+    digest = hashlib.sha256(permit_prefix(namespace, name) + b"waiting").digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
 

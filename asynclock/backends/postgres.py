@@ -18,6 +18,37 @@ one round trip:
 
 A connection that failed or was interrupted mid-statement is terminated instead of being
 returned: ending the session is what certainly releases its locks.
+
+A waiting acquire first tries (``pg_try_advisory_lock``), and that statement also sets
+``client_connection_check_interval`` (1 s) for the session: the server arms that check
+when a statement starts, so set inside the waiting statement it would not apply, and a
+waiter whose process died would stay queued.
+
+Read-write locks are shared (readers) and exclusive (writers) locks on the same key.
+PostgreSQL's lock manager prefers writers by itself: a request that conflicts with a
+queued one waits behind it, so once a writer waits, new readers queue after it, and
+``pg_try_advisory_lock_shared`` is refused (the try-first step cannot barge). A writer
+behind a stream of readers waits only for the readers already inside.
+
+Fair locks need nothing more: the queue is first come, first served, a release hands the
+lock to the first waiter inside the server (a try from outside cannot take it in
+between), and a waiter whose session ends (its process killed: the check above) leaves
+the queue.
+
+Semaphores: permit ``i`` (0 to limit - 1) of semaphore ``name`` is the advisory key
+``first 8 bytes of SHA-256(UTF-8(namespace) + b"\\x00" + UTF-8(name) + b"\\xff" +
+ASCII(decimal i))`` (:func:`asynclock.postgres.permit_key`): ``0xFF`` never occurs in
+UTF-8, so no lock name hashes to the same input. A permit is a session lock like any
+other (TTL from ``idle_session_timeout``, renewal by heartbeat, its own fence from the
+sequence, released when its session ends). One statement takes the first free slot: a
+recursive CTE tries the slots one by one from a random start, each step only if the one
+before failed, so at most one slot is ever taken. A caller that waits cannot wait in the
+server's queue for "any of n keys"; it LISTENs on the semaphore's channel, holds the
+semaphore's *waiting flag* (``SHA-256(... + b"\\xff" + b"waiting")``, shared) and scans
+again when woken. A release NOTIFYs the channel only if it cannot take the flag
+exclusively, that is, only if someone waits (a NOTIFY costs a commit record). A holder
+whose session died sends no NOTIFY: waiters also scan again every ``recheck`` seconds
+(the retry backoff's maximum). ``inspect()`` reports locks only.
 """
 
 from __future__ import annotations
@@ -27,9 +58,10 @@ import contextlib
 import hashlib
 import logging
 import math
-from collections.abc import AsyncIterator
+import random
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -45,7 +77,9 @@ from ..postgres import (
     ensure_fence_sequence,
     key_in,
     lock_ids,
+    permit_prefix,
     quote_ident,
+    waiting_key,
 )
 from .base import Attempt, Backend, Claim, LockInfo
 
@@ -76,8 +110,16 @@ _IDLE = "idle_session_timeout"
 # Everything a lease may change on its session; RESET when a connection leaves us.
 _RESET = (
     "RESET application_name; RESET tcp_keepalives_idle; RESET tcp_keepalives_interval; "
-    "RESET idle_session_timeout"
+    "RESET idle_session_timeout; RESET client_connection_check_interval"
 )
+# How often a server backend waiting in the lock queue checks that its client is still
+# there (PostgreSQL >= 14): a killed waiter leaves the queue within this.
+_CHECK_INTERVAL_MS = 1000
+# Lock acquire statements: try once; try before a wait; wait in the queue.
+_TRY, _TRY_BEFORE_WAIT, _WAIT = "try", "try-before-wait", "wait"
+# Permit scans: not waiting; the first scan of a wait (takes the waiting flag); later
+# scans of a wait (the flag is held).
+_NO_FLAG, _TAKE_FLAG, _HOLD_FLAG = 0, 1, 2
 
 
 async def _keep_as_is(conn: asyncpg.Connection[Any]) -> None:
@@ -107,6 +149,19 @@ class _Conn:
         self.configured = False
 
 
+class _Permit:
+    """What a semaphore claim needs to know besides its session: where its keys come
+    from, the waiting flag's key and the channel releases are announced on."""
+
+    __slots__ = ("channel", "flag", "prefix")
+
+    def __init__(self, namespace: str, name: str) -> None:
+        self.prefix = permit_prefix(namespace, name)
+        self.flag = waiting_key(name, namespace)
+        digest = hashlib.sha256(self.prefix + b"released").hexdigest()
+        self.channel = f"asynclock_p_{digest[:40]}"
+
+
 class _Session:
     """The connection pinned for one lease."""
 
@@ -114,20 +169,28 @@ class _Session:
         "conn",
         "done",
         "fence",
+        "flagged",
         "interrupted",
         "key",
         "lock",
+        "permit",
         "pid",
         "released",
         "shared",
         "ttl_ms",
     )
 
-    def __init__(self, conn: _Conn, key: int, shared: bool, ttl_ms: int) -> None:
+    def __init__(
+        self, conn: _Conn, key: int, shared: bool, ttl_ms: int, permit: _Permit | None = None
+    ) -> None:
         self.conn = conn
+        # A permit's key is known once a scan granted a slot (0 until then).
         self.key = key
         self.shared = shared
         self.ttl_ms = ttl_ms
+        self.permit = permit
+        # A waiting permit claim holds the semaphore's waiting flag.
+        self.flagged = False
         self.fence = 0
         self.pid = 0
         # One statement at a time on the connection: heartbeat, extend and release.
@@ -145,28 +208,56 @@ class _Session:
 class _Statements:
     """The SQL for one server version and configuration, built once.
 
-    Acquire statements come in variants: waiting (``lock_timeout``) or trying once,
-    exclusive or shared, and setting TCP keepalives (on a connection's first lease) or
-    not. Parameters: ``$1`` key, ``$2`` the application_name tail
+    Lock acquire statements come in variants: trying once, trying before a wait (which
+    also arms ``client_connection_check_interval`` for the wait), or waiting
+    (``lock_timeout``); exclusive or shared; setting TCP keepalives (on a connection's
+    first lease) or not. Parameters: ``$1`` key, ``$2`` the application_name tail
     (``<ttl ms>:<identity>``), ``$3`` idle_session_timeout (PostgreSQL >= 14), then the
-    keepalives (first lease), then ``lock_timeout`` and
-    ``client_connection_check_interval`` (waiting).
+    keepalives (first lease), then ``lock_timeout`` (waiting).
+
+    Permit scans (:attr:`scan`) take the first free slot of a semaphore; see
+    :meth:`_scan`.
     """
 
     def __init__(self, sequence: str, has_idle_timeout: bool) -> None:
         self.has_idle_timeout = has_idle_timeout
-        self.acquire: dict[tuple[bool, bool, bool], str] = {}
+        self.acquire: dict[tuple[bool, str, bool], str] = {}
         for configure in (False, True):
-            for wait in (False, True):
+            for mode in (_TRY, _TRY_BEFORE_WAIT, _WAIT):
                 for shared in (False, True):
-                    self.acquire[configure, wait, shared] = self._acquire(
-                        sequence, configure=configure, wait=wait, shared=shared
+                    self.acquire[configure, mode, shared] = self._acquire(
+                        sequence, configure=configure, mode=mode, shared=shared
                     )
+        self.scan: dict[tuple[bool, int], str] = {
+            (configure, flag): self._scan(sequence, configure=configure, flag=flag)
+            for configure in (False, True)
+            for flag in (_NO_FLAG, _TAKE_FLAG, _HOLD_FLAG)
+        }
         unlock = {False: "pg_advisory_unlock", True: "pg_advisory_unlock_shared"}
         reset_idle = f", set_config('{_IDLE}', $2, false)" if has_idle_timeout else ""
         self.release = {
             shared: f"SELECT {fn}($1) AS released{reset_idle}" for shared, fn in unlock.items()
         }
+        # A permit's session is pinned to it: whatever advisory lock it has (its slot, the
+        # waiting flag of an interrupted wait) is the permit's. $1 the slot's key (NULL if
+        # an interrupted scan never told us), $2 the waiting flag, $3 the NOTIFY channel.
+        # The NOTIFY is sent only if a waiter holds the flag. It makes the statement's
+        # transaction write a commit record; nothing in it needs to be durable, so the
+        # commit does not wait for the WAL flush (measured: 9 ms -> 1 ms hand-off).
+        reset_idle = f", set_config('{_IDLE}', $4, false)" if has_idle_timeout else ""
+        self.release_permit = (
+            "WITH quick AS (SELECT set_config('synchronous_commit', 'off', true)), "
+            "slot AS (SELECT coalesce(pg_advisory_unlock($1::bigint), false) AS released "
+            "FROM quick), "
+            "cleared AS (SELECT released, pg_advisory_unlock_all() FROM slot), "
+            "told AS (SELECT released, CASE "
+            "WHEN NOT (released OR $1::bigint IS NULL) THEN false "
+            "WHEN pg_try_advisory_lock($2::bigint) THEN NOT pg_advisory_unlock($2::bigint) "
+            "ELSE pg_notify($3, 'released') IS NOT NULL END AS told FROM cleared) "
+            f"SELECT released, told{reset_idle} FROM told"
+        )
+        # A waiter that gives up leaves the waiting flag (its only lock) behind.
+        self.unflag = "SELECT pg_advisory_unlock_all()"
         # Any statement resets the server's idle timer; the pid tells whether it ran on
         # the session that holds the lock.
         self.heartbeat = "SELECT pg_backend_pid()"
@@ -183,37 +274,99 @@ class _Statements:
             "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         )
 
-    def _acquire(self, sequence: str, *, configure: bool, wait: bool, shared: bool) -> str:
-        n = 3
-        named = f"'{_APP_PREFIX}' || granted.fence || ':' || $2"
+    def _granted_row(self, first: int, *, configure: bool, extra: str = "") -> tuple[str, int]:
+        """The select list that names the session for a grant (from CTE ``granted``), and
+        the number of the next free parameter. ``$<first>`` is the application_name tail."""
+        n = first + 1
+        named = f"'{_APP_PREFIX}' || granted.fence || ':' || ${first}"
         assign = [f"set_config('application_name', {named}, false)"]
         if self.has_idle_timeout:
-            assign.append(f"set_config('{_IDLE}', $3, false)")
-            n = 4
-        columns = ["granted.fence", "pg_backend_pid() AS pid"]
-        source = "granted"
+            assign.append(f"set_config('{_IDLE}', ${n}, false)")
+            n += 1
         if configure:
             assign += [
                 f"set_config('tcp_keepalives_idle', ${n}, false)",
                 f"set_config('tcp_keepalives_interval', ${n + 1}, false)",
             ]
             n += 2
-        granted_row = f"SELECT {', '.join(columns + assign)} FROM {source}"
+        columns = ["granted.fence", "pg_backend_pid() AS pid", *assign]
+        if extra:
+            columns.append(extra)
+        return f"SELECT {', '.join(columns)} FROM granted", n
+
+    def _acquire(self, sequence: str, *, configure: bool, mode: str, shared: bool) -> str:
+        granted_row, n = self._granted_row(2, configure=configure)
         fence = f"nextval('{sequence}')"
         kind = "_shared" if shared else ""
-        if not wait:
+        if mode != _WAIT:
+            check = ""
+            source = ""
+            if mode == _TRY_BEFORE_WAIT and self.has_idle_timeout:
+                # The server arms the client-connection check when a statement starts,
+                # from the session's value: set in the waiting statement itself it would
+                # come too late (measured: a killed waiter stayed queued). Session scope,
+                # set here, before the wait; RESET when the connection goes back.
+                check = (
+                    "checked AS (SELECT set_config('client_connection_check_interval', "
+                    f"'{_CHECK_INTERVAL_MS}', false)), "
+                )
+                source = " FROM checked"
             return (
-                f"WITH attempt AS (SELECT pg_try_advisory_lock{kind}($1) AS ok), "
+                f"WITH {check}attempt AS (SELECT pg_try_advisory_lock{kind}($1) AS ok{source}), "
                 f"granted AS (SELECT {fence} AS fence FROM attempt WHERE ok) {granted_row}"
             )
         local = f"set_config('lock_timeout', ${n}, true)"
-        if self.has_idle_timeout:
-            # Let the server notice a client that died while it waits in the queue.
-            local += f", set_config('client_connection_check_interval', ${n + 1}, true)"
         return (
             f"WITH limited AS (SELECT {local}), "
             f"locked AS (SELECT pg_advisory_lock{kind}($1) FROM limited), "
             f"granted AS (SELECT {fence} AS fence FROM locked) {granted_row}"
+        )
+
+    def _scan(self, sequence: str, *, configure: bool, flag: int) -> str:
+        """Take the first free permit slot, at most one, in a single statement.
+
+        ``$1`` the permit prefix (bytea), ``$2`` the limit, ``$3`` the slot to start at,
+        ``$4`` the application_name tail, then idle timeout and keepalives, then (waiting)
+        the waiting flag's key and (taking it) a ``lock_timeout`` for that.
+
+        The slots are tried one by one in a recursive CTE: each step runs only if the
+        step before did not get its slot (``WHERE NOT s.ok``), so at most one
+        ``pg_try_advisory_lock`` returns true; a recursive CTE is evaluated step by
+        step, whatever the plan. Keys are computed by the server, as :func:`permit_key`
+        does (no array of ``limit`` keys travels with every attempt).
+        """
+        granted_row, n = self._granted_row(4, configure=configure)
+        key = (
+            "('x' || left(encode(sha256($1::bytea || convert_to((({step}) % $2::int)::text, "
+            "'UTF8')), 'hex'), 16))::bit(64)::bigint"
+        )
+        first_source = ""
+        ctes = ""
+        if flag != _NO_FLAG:
+            # Granted: the waiter is a waiter no more.
+            granted_row = granted_row.replace(
+                " FROM granted", f", pg_advisory_unlock_shared(${n}::bigint) FROM granted"
+            )
+        if flag == _TAKE_FLAG:
+            # Held before the scan: a release after the scan sees the flag and notifies.
+            ctes = (
+                f"limited AS (SELECT set_config('lock_timeout', ${n + 1}, true)), "
+                f"flagged AS (SELECT pg_advisory_lock_shared(${n}::bigint) FROM limited), "
+            )
+            first_source = "flagged, "
+        first_key = key.format(step="$3::int")
+        next_key = key.format(step="s.step + 1 + $3::int")
+        return (
+            f"WITH RECURSIVE {ctes}"
+            "scan(step, key, ok) AS ("
+            f"SELECT 0, k.key, pg_try_advisory_lock(k.key) FROM {first_source}"
+            f"LATERAL (SELECT {first_key} AS key) AS k "
+            "UNION ALL "
+            "SELECT s.step + 1, k.key, pg_try_advisory_lock(k.key) FROM scan AS s, "
+            f"LATERAL (SELECT {next_key} AS key) AS k "
+            "WHERE NOT s.ok AND s.step + 1 < $2::int), "
+            f"granted AS (SELECT key, nextval('{sequence}') AS fence FROM scan WHERE ok) "
+            + granted_row.replace("SELECT ", "SELECT granted.key, ", 1)
         )
 
 
@@ -229,11 +382,22 @@ class PostgresBackend(Backend):
     leases held at once (plus acquires waiting in the server's queue) is bounded by the
     pool's ``max_size``, and across processes by the server's ``max_connections``. A few
     connections (at most a quarter of ``max_size``) stay checked out between leases, so
-    that a lease does not pay for a pool checkout; ``aclose()`` gives them back.
+    that a lease does not pay for a pool checkout; ``aclose()`` gives them back. A
+    semaphore waiter also pins its connection while it waits, and one more connection
+    LISTENs while anyone in this process waits for a permit or observes an election.
     """
 
     native_wait = True
+    # Readers and writers: PostgreSQL's lock queue already prefers writers (a new shared
+    # request that conflicts with a queued exclusive one waits behind it, and
+    # pg_try_advisory_lock_shared is refused then), so a stream of readers cannot starve
+    # a writer.
     supports_shared = True
+    # Fair locks: the server's queue is first come, first served, and a release hands the
+    # lock to the first waiter inside the server, so a try from outside cannot barge in.
+    # Every exclusive lock here is fair; claim.fair needs nothing more.
+    supports_fair = True
+    supports_semaphore = True
 
     def __init__(
         self,
@@ -273,7 +437,9 @@ class PostgresBackend(Backend):
         self._idle: list[_Conn] = []
         self._keep = max(1, min(8, pool.get_max_size() // 4))
         # LISTEN/NOTIFY for announcements: mailboxes by channel, one listening connection.
-        self._listeners: dict[str, set[Mailbox]] = {}
+        self._listeners: dict[str, dict[_Sink, int]] = {}
+        # Semaphores: one relay per channel from NOTIFY to the waiters of this process.
+        self._relays: dict[str, _Relay] = {}
         self._listen_conn: Any = None
         self._listen_lock: asyncio.Lock | None = None
         # Connections on their way back to the pool after a cancelled give-back.
@@ -353,6 +519,17 @@ class PostgresBackend(Backend):
         clock = self.clock
         began = clock.now()
         sql = self._sql or await self._statements()
+        if claim.limit:
+            permit = await self._take_permit(sql, claim, math.ceil(ttl * 1000), wait, began)
+            if permit is None:
+                return Attempt(None)
+            session, row, sent = permit
+            session.conn.configured = True
+            session.key = int(row["key"])
+            session.fence = int(row["fence"])
+            session.pid = row["pid"]
+            # A scan is granted at once or not at all: validity counts from its sending.
+            return Attempt(session.fence, start=None if sent == began else sent)
         taken = await self._take(sql, claim, math.ceil(ttl * 1000), wait, began)
         if taken is None:
             return Attempt(None)
@@ -395,13 +572,14 @@ class PostgresBackend(Backend):
             args = self._acquire_args(
                 sql, session, claim.value, configure=configure, wait=0, began=began
             )
+            mode = _TRY if wait == 0 else _TRY_BEFORE_WAIT
             try:
-                row = await conn.raw.fetchrow(sql.acquire[configure, False, claim.shared], *args)
+                row = await conn.raw.fetchrow(sql.acquire[configure, mode, claim.shared], *args)
                 if row is None and wait != 0:
                     args = self._acquire_args(
                         sql, session, claim.value, configure=configure, wait=wait, began=began
                     )
-                    statement = sql.acquire[configure, True, claim.shared]
+                    statement = sql.acquire[configure, _WAIT, claim.shared]
                     row = await conn.raw.fetchrow(statement, *args)
             except asyncpg.exceptions.LockNotAvailableError:
                 row = None
@@ -420,6 +598,148 @@ class PostgresBackend(Backend):
             return session, row
         raise AssertionError("not reached: the second pass never continues")
 
+    async def _take_permit(
+        self, sql: _Statements, claim: Claim, ttl_ms: int, wait: float | None, began: float
+    ) -> tuple[_Session, asyncpg.Record, float] | None:
+        """A free permit slot of ``claim``'s semaphore, waiting up to ``wait`` for one.
+
+        Try first; then, to wait: listen for the semaphore's releases, hold its waiting
+        flag (so releases know to NOTIFY) and scan again at each wake-up, or every
+        ``claim.recheck`` seconds at the latest (a holder whose session died sends no
+        NOTIFY). The session, its granted row and when the granting scan was sent.
+        """
+        permit = _Permit(self._namespace, claim.name)
+        taken = await self._first_scan(
+            sql, claim=claim, ttl_ms=ttl_ms, wait=wait, began=began, permit=permit
+        )
+        if taken is None:
+            return None
+        session, row = taken
+        if row is not None:
+            return session, row, began
+        if wait == 0:
+            claim.handle = None
+            await self._checkin(session)  # the scan took nothing: the session is clean
+            return None
+        clock = self.clock
+        deadline = None if wait is None else began + wait
+        async with self._permit_waiter(permit.channel) as slot:
+            while True:
+                sent = clock.now()
+                flag = _HOLD_FLAG if session.flagged else _TAKE_FLAG
+                row = await self._scan(sql, session, claim, flag=flag, sent=sent, deadline=deadline)
+                if row is not None:
+                    session.flagged = False
+                    return session, row, sent
+                now = clock.now()
+                if deadline is not None and now >= deadline:
+                    break
+                until = now + claim.recheck
+                await slot.wait(clock, until if deadline is None else min(until, deadline))
+        # Timed out: drop the waiting flag and give the connection back.
+        async with session.lock:
+            if session.flagged and not session.ended():
+                try:
+                    await session.conn.raw.fetchval(sql.unflag)
+                except _DRIVER_ERRORS as exc:
+                    claim.handle = None
+                    await self._end_session(session)
+                    if isinstance(exc, _SESSION_GONE):
+                        return None
+                    raise BackendError(f"{self._where}: {exc}") from exc
+                session.flagged = False
+            claim.handle = None
+            if not session.ended():
+                await self._checkin(session)
+        return None
+
+    async def _first_scan(
+        self,
+        sql: _Statements,
+        *,
+        claim: Claim,
+        ttl_ms: int,
+        wait: float | None,
+        began: float,
+        permit: _Permit,
+    ) -> tuple[_Session, asyncpg.Record | None] | None:
+        """The try-first scan on a connection (a kept one first, as in :meth:`_take`)."""
+        for prefer_kept in (True, False):
+            conn = await self._checkout(wait, prefer_kept=prefer_kept)
+            if conn is None:
+                return None  # no connection within the caller's timeout
+            session = claim.handle = _Session(conn, 0, False, ttl_ms, permit)
+            self._sessions.add(session)
+            try:
+                row = await self._scan(
+                    sql, session, claim, flag=_NO_FLAG, sent=began, deadline=None
+                )
+            except BackendError as exc:
+                if isinstance(exc.__cause__, _SESSION_GONE) and prefer_kept and conn.configured:
+                    continue
+                raise
+            return session, row
+        raise AssertionError("not reached: the second pass never continues")
+
+    async def _scan(
+        self,
+        sql: _Statements,
+        session: _Session,
+        claim: Claim,
+        *,
+        flag: int,
+        sent: float,
+        deadline: float | None,
+    ) -> asyncpg.Record | None:
+        """One scan of the semaphore's slots on the claim's session; the row if granted.
+
+        A driver error ends the session (whatever it took ends with it) and raises
+        BackendError. A cancellation leaves the session on the claim for the caller's
+        clean-up, which releases whatever the scan may have taken.
+        """
+        permit = session.permit
+        assert permit is not None
+        conn = session.conn
+        configure = not conn.configured
+        # Where this scan starts: concurrent scans spread over the slots.
+        start = random.randrange(claim.limit)  # noqa: S311 - load spreading, no secret
+        args: list[object] = [
+            permit.prefix,
+            claim.limit,
+            start,
+            *_session_args(sql, session, claim.value, configure),
+        ]
+        if flag != _NO_FLAG:
+            args.append(permit.flag)
+        if flag == _TAKE_FLAG:
+            # Other waiters hold the flag shared; only a release takes it (exclusively,
+            # for an instant). Bounded all the same.
+            left = claim.recheck if deadline is None else max(0.0, deadline - sent)
+            args.append(str(max(1, math.ceil(min(left, claim.recheck) * 1000))))
+        try:
+            row = await conn.raw.fetchrow(sql.scan[configure, flag], *args)
+        except asyncpg.exceptions.LockNotAvailableError:
+            return None  # the flag was not had in time; the statement took nothing
+        except _DRIVER_ERRORS as exc:
+            session.flagged = False
+            await self._end_session(session)
+            raise BackendError(f"{self._where}: {exc}") from exc
+        if flag == _TAKE_FLAG and row is None:
+            session.flagged = True
+        return row
+
+    @asynccontextmanager
+    async def _permit_waiter(self, channel: str) -> AsyncIterator[WakeSlot]:
+        """A wake-up slot woken by the semaphore's release NOTIFYs (one waiter per NOTIFY
+        in this process), subscribed before it is yielded."""
+        key = ("permit", channel)
+        slot = self._hub.register(key)
+        try:
+            async with self._relayed(channel, key):
+                yield slot
+        finally:
+            self._hub.unregister(slot)
+
     def _acquire_args(
         self,
         sql: _Statements,
@@ -430,13 +750,7 @@ class PostgresBackend(Backend):
         wait: float | None,
         began: float,
     ) -> list[object]:
-        ttl_ms = session.ttl_ms
-        args: list[object] = [session.key, f"{ttl_ms}:{_owner(value)}"]
-        if sql.has_idle_timeout:
-            args.append(str(ttl_ms))
-        if configure:
-            seconds = max(1, ttl_ms // 3000)
-            args += (str(seconds), str(max(1, seconds // 3)))
+        args: list[object] = [session.key, *_session_args(sql, session, value, configure)]
         if wait != 0:
             left = None if wait is None else wait - (self.clock.now() - began)
             if left is None or left * 1000 > _MAX_TIMEOUT_MS:
@@ -445,8 +759,6 @@ class PostgresBackend(Backend):
                 args.append("0")
             else:
                 args.append(str(max(1, math.ceil(left * 1000))))
-            if sql.has_idle_timeout:
-                args.append(str(max(1000, ttl_ms // 3)))
         return args
 
     async def extend(self, claim: Claim, ttl: float) -> bool:
@@ -493,11 +805,19 @@ class PostgresBackend(Backend):
         async with session.lock:
             if session.ended():
                 return session.released
-            args: list[object] = [session.key]
+            permit = session.permit
+            if permit is None:
+                statement = sql.release[session.shared]
+                args: list[object] = [session.key]
+            else:
+                # An interrupted scan may have taken a slot we never heard of: then the
+                # key is unknown (None) and every lock of the session goes.
+                statement = sql.release_permit
+                args = [session.key or None, permit.flag, permit.channel]
             if sql.has_idle_timeout:
                 args.append(self._idle_default)
             try:
-                unlocked = await session.conn.raw.fetchval(sql.release[session.shared], *args)
+                unlocked = await session.conn.raw.fetchval(statement, *args)
             except asyncio.CancelledError:
                 # The statement may or may not have run; asyncpg cancels it on the server
                 # and the connection stays usable. The caller's clean-up calls again.
@@ -558,37 +878,82 @@ class PostgresBackend(Backend):
 
     @asynccontextmanager
     async def _listen(self, topic: str) -> AsyncIterator[Mailbox]:
-        await self._statements()
-        channel = self._topic_channel(topic)
         mailbox = Mailbox()
+        async with self._subscribed(self._topic_channel(topic), mailbox):
+            yield mailbox
+
+    @asynccontextmanager
+    async def _relayed(self, channel: str, key: tuple[str, str]) -> AsyncIterator[None]:
+        """Permit waiters of this process share one relay per channel: a NOTIFY wakes
+        one of them, not all (any of them can take the free permit)."""
+        relay = self._relays.get(channel)
+        if relay is None:
+            relay = self._relays[channel] = _Relay(self._hub, key)
+        relay.users += 1
+        try:
+            async with self._subscribed(channel, relay):
+                yield
+        finally:
+            relay.users -= 1
+            if relay.users == 0 and self._relays.get(channel) is relay:
+                del self._relays[channel]
+
+    @asynccontextmanager
+    async def _subscribed(self, channel: str, sink: _Sink) -> AsyncIterator[None]:
+        """``sink`` receives the channel's NOTIFY payloads while inside (LISTEN done by
+        the time it is entered)."""
+        await self._statements()
         if self._listen_lock is None:
             self._listen_lock = asyncio.Lock()
         async with self._listen_lock:
-            listeners = self._listeners.setdefault(channel, set())
-            listeners.add(mailbox)
-            if len(listeners) == 1:
+            listeners = self._listeners.setdefault(channel, {})
+            listeners[sink] = listeners.get(sink, 0) + 1
+            if len(listeners) == 1 and listeners[sink] == 1:
                 try:
                     conn = await self._listening()
                     with self._errors:
                         await conn.add_listener(channel, self._on_notify)
                 except BaseException:
-                    listeners.discard(mailbox)
                     del self._listeners[channel]
+                    if not self._listeners:  # give the listening connection back
+                        self._in_background(self._stop_if_unused())
                     raise
         try:
-            yield mailbox
+            yield
         finally:
-            async with self._listen_lock:
-                listeners = self._listeners.get(channel, set())
-                listeners.discard(mailbox)
-                if not listeners:
-                    self._listeners.pop(channel, None)
-                    conn = self._listen_conn
-                    if conn is not None and not conn.is_closed():
-                        with contextlib.suppress(*_DRIVER_ERRORS):
-                            await conn.remove_listener(channel, self._on_notify)
-                    if not self._listeners:
-                        await self._stop_listening()
+            # Finished even if the caller is cancelled meanwhile: an UNLISTEN cut short
+            # would strand the listening connection outside the pool.
+            await asyncio.shield(self._in_background(self._unsubscribe(channel, sink)))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+        """Run ``work`` to its end whatever happens to the caller (aclose waits for it)."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _stop_if_unused(self) -> None:
+        assert self._listen_lock is not None
+        async with self._listen_lock:
+            if not self._listeners:
+                await self._stop_listening()
+
+    async def _unsubscribe(self, channel: str, sink: _Sink) -> None:
+        assert self._listen_lock is not None
+        async with self._listen_lock:
+            listeners = self._listeners.get(channel, {})
+            if listeners.get(sink, 0) > 1:
+                listeners[sink] -= 1
+            else:
+                listeners.pop(sink, None)
+            if not listeners:
+                self._listeners.pop(channel, None)
+                conn = self._listen_conn
+                if conn is not None and not conn.is_closed():
+                    with contextlib.suppress(*_DRIVER_ERRORS):
+                        await conn.remove_listener(channel, self._on_notify)
+                if not self._listeners:
+                    await self._stop_listening()
 
     async def _listening(self) -> Any:
         """The connection that LISTENs, taken out of the pool while anyone listens."""
@@ -744,6 +1109,40 @@ _BACKEND_OPTIONS = (
     "drift_factor",
     "drift_base",
 )
+
+
+class _Sink(Protocol):
+    def put(self, message: str) -> None: ...
+
+
+class _Relay:
+    """Turns a semaphore's NOTIFYs into wake-ups of its waiters in this process."""
+
+    __slots__ = ("hub", "key", "users")
+
+    def __init__(self, hub: WakeHub, key: tuple[str, str]) -> None:
+        self.hub = hub
+        self.key = key
+        self.users = 0
+
+    def put(self, message: str) -> None:
+        if message:
+            self.hub.notify_one(self.key)  # one permit came free
+        else:
+            self.hub.notify_all(self.key)  # the LISTEN connection was lost: look again
+
+
+def _session_args(sql: _Statements, session: _Session, value: str, configure: bool) -> list[object]:
+    """The parameters that name a granted session: application_name tail, idle timeout,
+    keepalives (first lease on the connection)."""
+    ttl_ms = session.ttl_ms
+    args: list[object] = [f"{ttl_ms}:{_owner(value)}"]
+    if sql.has_idle_timeout:
+        args.append(str(ttl_ms))
+    if configure:
+        seconds = max(1, ttl_ms // 3000)
+        args += (str(seconds), str(max(1, seconds // 3)))
+    return args
 
 
 def _owner(value: str) -> str:
