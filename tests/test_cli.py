@@ -211,6 +211,46 @@ class TestBench:
         assert "Targets" in done.stdout
         assert chart.exists() or "matplotlib is not installed" in done.stderr
 
+    def test_only_primitives(
+        self, asynclock_redis_url: str, asynclock_postgres_dsn: str, tmp_path: Path
+    ) -> None:
+        """bench --quick --only primitives: per backend, each primitive against the plain
+        lock (median, p99, ratio), and fair against plain with 8 waiters; nothing else."""
+        out = tmp_path / "out.json"
+        done = cli(
+            "bench",
+            "--quick",
+            "--only",
+            "primitives",
+            "--no-peers",
+            "--url",
+            asynclock_redis_url,
+            "--pg",
+            asynclock_postgres_dsn,
+            "--json",
+            str(out),
+        )
+        assert done.returncode == 0, done.stderr
+        report = json.loads(out.read_text())
+        rows = {row["id"]: row for row in report["results"]}
+        assert {row["section"] for row in rows.values()} == {"primitives", "primitives-contended"}
+        for server in ("memory", "redis", "postgres"):
+            assert rows[f"primitives/{server}/lock"]["kind"] == "floor"
+            for case in ("semaphore", "rwlock-read", "rwlock-write", "fair"):
+                row = rows[f"primitives/{server}/{case}"]
+                assert row["floor"] == f"primitives/{server}/lock"
+                assert row["median_us"] > 0
+                assert row["p99_us"] >= row["median_us"]
+                assert row["ratio"] > 0
+            for mode in ("strict", "free"):
+                fair = rows[f"primitives-{mode}/{server}/8/fair"]
+                assert fair["floor"] == f"primitives-{mode}/{server}/8/plain"
+                assert fair["handoffs_per_s"] > 0
+                assert fair["ratio"] > 0
+        assert all(math.isfinite(x) for x in finite_numbers(report["results"]))
+        assert "Primitives, uncontended" in done.stdout
+        assert "Primitives, contended" in done.stdout
+
     def test_password_never_printed(
         self, asynclock_valkey_factory: ValkeyFactory, tmp_path: Path
     ) -> None:

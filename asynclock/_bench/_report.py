@@ -474,6 +474,7 @@ def _sections(report: dict[str, Any]) -> list[Section]:
                 ],
             )
         )
+    sections += _primitive_sections(rows, settings)
     sections.append(
         Section(
             "Targets (issue 6; reported, never asserted)",
@@ -499,6 +500,88 @@ def _sections(report: dict[str, Any]) -> list[Section]:
         )
     if notes:
         sections.append(Section("Not run, failed, notes", [], [], notes))
+    return sections
+
+
+_SERVER_ORDER = {"memory": 0, "redis": 1, "postgres": 2}
+_CASE_ORDER = {"lock": 0, "semaphore": 1, "rwlock-read": 2, "rwlock-write": 3, "fair": 4}
+
+
+def _supported(row: Row, cell: str) -> str:
+    return cell if row.get("supported", True) else "not supported"
+
+
+def _primitive_sections(rows: list[Row], settings: dict[str, Any]) -> list[Section]:
+    """Semaphores, read-write locks and fair locks against the plain lock, same backend."""
+    sections: list[Section] = []
+    unc = [r for r in rows if r["section"] == "primitives"]
+    if unc:
+        unc.sort(
+            key=lambda r: (
+                _SERVER_ORDER.get(r["server"], 9),
+                _CASE_ORDER.get(r["id"].rsplit("/", 1)[-1], 9),
+            )
+        )
+        sections.append(
+            Section(
+                f"Primitives, uncontended acquire + release ({settings['rounds']} rounds x "
+                f"{settings['per_round']} ops, alternating; ratio to the plain lock on the "
+                "same backend, same run)",
+                ["case", "median us", "p99 us", "ops/s", "x plain lock"],
+                [
+                    [
+                        f"{r['server']:8} {r['label']}",
+                        _supported(r, _us(r.get("median_us"))),
+                        _us(r.get("p99_us")),
+                        _count(r.get("ops_per_s")),
+                        _ratio(r),
+                    ]
+                    for r in unc
+                ],
+                [
+                    f"{r['server']} {r['label']}: {r['note']}"
+                    for r in unc
+                    if not r.get("supported", True) and r.get("note")
+                ],
+            )
+        )
+    con = [r for r in rows if r["section"] == "primitives-contended"]
+    if con:
+        con.sort(key=lambda r: (r["mode"] != "strict", _SERVER_ORDER.get(r["server"], 9)))
+        sections.append(
+            Section(
+                "Primitives, contended: fair against plain lock, one coordinator per waiter "
+                f"({settings['contended_seconds']:g} s per case; strict: a releaser waits "
+                f"until another got the lock, holds {STRICT_HOLD * 1000:g} ms; free: it "
+                "contends again at once; ratio: hand-offs/s over the plain lock's)",
+                [
+                    "case",
+                    "mode",
+                    "waiters",
+                    "acq/s",
+                    "to another",
+                    "hand-offs/s",
+                    "hand-off med us",
+                    "p99 us",
+                    "x plain",
+                ],
+                [
+                    [
+                        f"{r['server']:8} {r['label']}",
+                        r["mode"],
+                        str(r["waiters"]),
+                        _supported(r, _count(r.get("acquisitions_per_s"))),
+                        _share(r.get("different_holder_share")),
+                        _count(r.get("handoffs_per_s")),
+                        _us(r.get("handoff_median_us")),
+                        _us(r.get("handoff_p99_us")),
+                        _ratio(r),
+                    ]
+                    for r in con
+                ],
+                [],
+            )
+        )
     return sections
 
 

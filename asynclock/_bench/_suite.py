@@ -5,9 +5,12 @@ One run: uncontended acquire + release per server in alternating rounds with its
 count and mode (``strict``: every acquisition goes to another waiter; ``free``: the
 releaser contends again at once), held leases (renewal CPU and memory), and last,
 because it leaves peers' clients in a sorry state, Redlock with one node frozen.
+``primitives`` measures semaphores, read-write locks and fair locks against the plain
+lock on the same backend, uncontended and with waiters.
 
 Every row a run produces is a dict with ``id``, ``section`` (``uncontended``,
-``strict``, ``free``, ``leases``, ``frozen``), ``server``, ``label``, ``kind``
+``strict``, ``free``, ``leases``, ``frozen``, ``primitives``, ``primitives-contended``),
+``server``, ``label``, ``kind``
 (``floor``, ``reference``, ``asynclock`` or ``peer``), ``floor`` (the id of the row it is
 compared to, measured in the same run) and its metrics; ``ratio`` is the row's headline
 latency over its floor's.
@@ -21,7 +24,8 @@ import logging
 import secrets
 import time
 import tracemalloc
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +47,17 @@ from ._progress import Progress
 
 __all__ = ("FULL", "QUICK", "SECTIONS", "Plan", "Settings", "run_suite")
 
-SECTIONS = ("uncontended", "contended", "leases", "frozen")
+SECTIONS = ("uncontended", "contended", "leases", "frozen", "primitives")
+#: Waiters on one lock in the contended primitives cases (fair against plain).
+PRIMITIVE_WAITERS = 8
+#: The uncontended primitives cases: id suffix, label, the backend flag they need.
+PRIMITIVE_CASES = (
+    ("semaphore", "semaphore permit, limit 5", "supports_semaphore"),
+    ("rwlock-read", "rwlock read()", "supports_shared"),
+    ("rwlock-write", "rwlock write()", "supports_shared"),
+    ("fair", "lock fair=True", "supports_fair"),
+)
+_PRIMITIVE_SERVERS = {"memory": "memory", "redis": "Redis", "postgres": "PostgreSQL"}
 Row = dict[str, Any]
 
 
@@ -191,6 +205,39 @@ class Suite:
             phases.append(Phase(f"{s.leases:,} held leases", 3, self._leases))
         if "frozen" in wanted and srv.redlock and srv.freezable:
             phases.append(Phase("Redlock, one node frozen", 1, self._frozen))
+        if "primitives" in wanted:
+            phases += self._primitive_phases()
+        return phases
+
+    def _primitive_phases(self) -> list[Phase]:
+        servers = [
+            server
+            for server, present in (
+                ("memory", self.plan.memory),
+                ("redis", bool(self.servers.redis)),
+                ("postgres", bool(self.servers.postgres)),
+            )
+            if present
+        ]
+        phases = [
+            Phase(
+                f"primitives: {_PRIMITIVE_SERVERS[server]}",
+                1 + self.s.rounds,
+                self._primitives(server),
+            )
+            for server in servers
+        ]
+        for mode in ("strict", "free"):
+            for server in servers:
+                for fair in (False, True):
+                    phases.append(
+                        Phase(
+                            f"primitives ({mode}): {_PRIMITIVE_SERVERS[server]} "
+                            f"{'fair' if fair else 'plain'} lock, {PRIMITIVE_WAITERS} waiters",
+                            1,
+                            self._primitive_contended(server, fair, mode),
+                        )
+                    )
         return phases
 
     def _contended_phases(self) -> list[Phase]:
@@ -312,6 +359,8 @@ class Suite:
         tick: Tick,
         server: str,
         cases: dict[str, tuple[str, str, str | None, Op]],
+        *,
+        section: str = "uncontended",
     ) -> None:
         """Alternating rounds over ``cases`` (id -> label, kind, floor id, op); rows out."""
         failed: dict[str, str] = {}
@@ -334,7 +383,7 @@ class Suite:
             record.rows.append(
                 _row(
                     cid,
-                    section="uncontended",
+                    section=section,
                     server=server,
                     label=label,
                     kind=kind,
@@ -701,6 +750,164 @@ class Suite:
                     value_key="handoff_median_us",
                     waiters=waiters,
                     threads=peer is not None and peer.hold_sync is not None,
+                    **state.result(),
+                )
+            )
+            tick()
+
+        return run
+
+    def _primitive_target(self, server: str) -> tuple[str, dict[str, Any]]:
+        """A fresh lock namespace on ``server``: the URL and ``connect()`` options."""
+        if server == "memory":
+            return f"memory://bench-{_uid()}", {}
+        if server == "redis":
+            assert self.servers.redis is not None
+            return self.servers.redis, {"prefix": f"bench{_uid()}"}
+        assert self.servers.postgres is not None
+        return self.servers.postgres, {"namespace": f"bench{_uid()}"}
+
+    def _primitives(self, server: str) -> Callable[[RunRecord, Tick], Awaitable[None]]:
+        """Uncontended acquire + release of each primitive and of the plain lock (the
+        floor) on one coordinator of ``server``, in alternating rounds. A primitive the
+        backend does not support gets a row saying so."""
+
+        async def run(record: RunRecord, tick: Tick) -> None:
+            target, options = self._primitive_target(server)
+            coord = connect(target, **options)
+            backend = coord.backend
+            plain = coord.lock("bench:plain", ttl=30)
+            makers: dict[str, Callable[[], Any]] = {
+                "semaphore": lambda: coord.semaphore("bench:semaphore", 5, ttl=30),
+                "rwlock-read": lambda: coord.rwlock("bench:rw-read", ttl=30).read(),
+                "rwlock-write": lambda: coord.rwlock("bench:rw-write", ttl=30).write(),
+                "fair": lambda: coord.lock("bench:fair", ttl=30, fair=True),
+            }
+
+            def op_of(lock: Any) -> Op:
+                async def op() -> None:
+                    async with lock:
+                        pass
+
+                return op
+
+            base = f"primitives/{server}/"
+            floor = base + "lock"
+            cases: dict[str, tuple[str, str, str | None, Op]] = {
+                floor: ("plain lock (floor)", "floor", None, op_of(plain)),
+            }
+            unsupported: list[Row] = []
+            for key, label, flag in PRIMITIVE_CASES:
+                if getattr(backend, flag):
+                    cases[base + key] = (label, "asynclock", floor, op_of(makers[key]()))
+                else:
+                    unsupported.append(
+                        _row(
+                            base + key,
+                            section="primitives",
+                            server=server,
+                            label=label,
+                            kind="asynclock",
+                            floor=floor,
+                            value_key=None,
+                            supported=False,
+                            note=f"not supported by {type(backend).__name__} ({flag} is False)",
+                        )
+                    )
+            try:
+                await self._uncontended(record, tick, server, cases, section="primitives")
+            finally:
+                await coord.aclose()
+            record.rows += unsupported
+
+        return run
+
+    def _primitive_contended(
+        self, server: str, fair: bool, mode: str
+    ) -> Callable[[RunRecord, Tick], Awaitable[None]]:
+        """:data:`PRIMITIVE_WAITERS` tasks on one lock, each with its own coordinator (as
+        in its own process), ``fair`` or plain; ``mode`` as in :meth:`_contended`. The
+        fair row's ratio is its hand-offs per second over the plain lock's."""
+
+        async def run(record: RunRecord, tick: Tick) -> None:
+            s = self.s
+            waiters = PRIMITIVE_WAITERS
+            impl = "fair" if fair else "plain"
+            row_id = f"primitives-{mode}/{server}/{waiters}/{impl}"
+            floor = None if not fair else f"primitives-{mode}/{server}/{waiters}/plain"
+            label = "lock fair=True" if fair else "plain lock"
+            target, options = self._primitive_target(server)
+            if server != "memory":
+                options["max_connections"] = 8
+            coords: list[Coordinator] = []
+            key = f"bench-primitives-{_uid()}"
+            try:
+                probe = connect(target, **options)
+                coords.append(probe)
+                if fair and not probe.backend.supports_fair:
+                    record.rows.append(
+                        _row(
+                            row_id,
+                            section="primitives-contended",
+                            server=server,
+                            label=label,
+                            kind="asynclock",
+                            floor=floor,
+                            value_key=None,
+                            mode=mode,
+                            waiters=waiters,
+                            supported=False,
+                            note=f"not supported by {type(probe.backend).__name__}",
+                        )
+                    )
+                    tick()
+                    return
+
+                def worker(i: int) -> Callable[[], Any]:
+                    own = probe if i == 0 else connect(target, **options)
+                    if i:
+                        coords.append(own)
+                    if server != "memory":
+                        return lambda: own.lock(key, ttl=30, fair=fair)
+
+                    @asynccontextmanager
+                    async def hold() -> AsyncIterator[None]:
+                        async with own.lock(key, ttl=30, fair=fair):
+                            yield
+                        # Memory never suspends on a free lock: without this a releaser
+                        # that contends again at once would never let the loop run.
+                        await asyncio.sleep(0)
+
+                    return hold
+
+                state = await contend_async(
+                    worker,
+                    waiters=waiters,
+                    warmup=s.contended_warmup,
+                    seconds=s.contended_seconds,
+                    bound=1.0,
+                    strict=mode == "strict",
+                )
+            finally:
+                for coord in coords:
+                    await self._close(coord)
+            if state.errors and not state.acquisitions:
+                record.unavailable[f"{server} {label}, {waiters} waiters ({mode})"] = state.errors[
+                    0
+                ]
+                return
+            record.rows.append(
+                _row(
+                    row_id,
+                    section="primitives-contended",
+                    server=server,
+                    label=label,
+                    kind="asynclock",
+                    floor=floor,
+                    value_key="handoffs_per_s",
+                    mode=mode,
+                    waiters=waiters,
+                    supported=True,
                     **state.result(),
                 )
             )
