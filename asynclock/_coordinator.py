@@ -118,30 +118,14 @@ class Coordinator:
 
         Raises ``TypeError``/``ValueError`` at once for bad arguments.
         """
-        retry = self._check(name, ttl, timeout, retry, renew, cancel_on_lost, shared, fair)
-        if shared and not self._backend.supports_shared:
-            raise ValueError(
-                f"shared=True is not supported by {type(self._backend).__name__} "
-                "(supported: memory, Redis, PostgreSQL)"
-            )
+        common = self._check(name, ttl, timeout, retry, renew, cancel_on_lost, shared, fair)
+        if shared:
+            self._require("supports_shared", "shared=True")
         if fair and shared:
             raise ValueError("fair=True is for exclusive locks, not shared=True")
-        if fair and not self._backend.supports_fair:
-            raise ValueError(
-                f"fair=True is not supported by {type(self._backend).__name__} "
-                "(supported: memory, Redis, PostgreSQL)"
-            )
-        return Lock(
-            self,
-            name,
-            ttl=check_ttl(ttl),
-            timeout=check_timeout(timeout),
-            renew=renew,
-            cancel_on_lost=cancel_on_lost,
-            retry=retry,
-            shared=shared,
-            fair=fair,
-        )
+        if fair:
+            self._require("supports_fair", "fair=True")
+        return Lock(self, name, **common, shared=shared, fair=fair)
 
     def semaphore(
         self,
@@ -166,23 +150,9 @@ class Coordinator:
             raise TypeError(f"limit must be an int, got {type(limit).__name__}")
         if not 1 <= limit <= _MAX_PERMITS:
             raise ValueError(f"limit must be from 1 to {_MAX_PERMITS}, got {limit}")
-        retry = self._check(name, ttl, timeout, retry, renew, cancel_on_lost)
-        if not self._backend.supports_semaphore:
-            raise ValueError(
-                f"semaphores are not supported by {type(self._backend).__name__} "
-                "(supported: memory, Redis, PostgreSQL)"
-            )
-        return Lock(
-            self,
-            name,
-            ttl=check_ttl(ttl),
-            timeout=check_timeout(timeout),
-            renew=renew,
-            cancel_on_lost=cancel_on_lost,
-            retry=retry,
-            shared=False,
-            limit=limit,
-        )
+        common = self._check(name, ttl, timeout, retry, renew, cancel_on_lost)
+        self._require("supports_semaphore", "semaphores")
+        return Lock(self, name, **common, shared=False, limit=limit)
 
     def rwlock(
         self,
@@ -202,26 +172,10 @@ class Coordinator:
         already inside have left (or their leases ended). The arguments are
         :meth:`lock`'s, for both sides.
         """
-        retry = self._check(name, ttl, timeout, retry, renew, cancel_on_lost)
-        if not self._backend.supports_shared:
-            raise ValueError(
-                f"read-write locks are not supported by {type(self._backend).__name__} "
-                "(supported: memory, Redis, PostgreSQL)"
-            )
-        sides = [
-            Lock(
-                self,
-                name,
-                ttl=check_ttl(ttl),
-                timeout=check_timeout(timeout),
-                renew=renew,
-                cancel_on_lost=cancel_on_lost,
-                retry=retry,
-                shared=shared,
-            )
-            for shared in (True, False)
-        ]
-        return ReadWriteLock(name, sides[0], sides[1])
+        common = self._check(name, ttl, timeout, retry, renew, cancel_on_lost)
+        self._require("supports_shared", "read-write locks")
+        read, write = (Lock(self, name, **common, shared=shared) for shared in (True, False))
+        return ReadWriteLock(name, read, write)
 
     def _check(
         self,
@@ -230,20 +184,31 @@ class Coordinator:
         timeout: object,
         retry: Backoff | None,
         *flags: bool,
-    ) -> Backoff:
-        """Validate what every lock-like object takes; the Backoff to use."""
+    ) -> dict[str, Any]:
+        """Validate what every lock-like object takes; the Lock arguments they share."""
         check_name(name)
-        check_ttl(ttl)
-        check_timeout(timeout)
         names = ("renew", "cancel_on_lost", "shared", "fair")
         for flag, value in zip(names, flags, strict=False):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
         if retry is None:
-            return _DEFAULT_RETRY
-        if not isinstance(retry, Backoff):
+            retry = _DEFAULT_RETRY
+        elif not isinstance(retry, Backoff):
             raise TypeError(f"retry must be an asynclock.Backoff, got {type(retry).__name__}")
-        return retry
+        return {
+            "ttl": check_ttl(ttl),
+            "timeout": check_timeout(timeout),
+            "renew": flags[0],
+            "cancel_on_lost": flags[1],
+            "retry": retry,
+        }
+
+    def _require(self, flag: str, what: str) -> None:
+        if not getattr(self._backend, flag):
+            raise ValueError(
+                f"{what} {'is' if what.endswith('True') else 'are'} not supported by "
+                f"{type(self._backend).__name__} (supported: memory, Redis, PostgreSQL)"
+            )
 
     def election(
         self,
