@@ -865,6 +865,9 @@ class _Run(Protocol):
     async def __call__(self, *args: Any) -> Any: ...
 
 
+_CLUSTER_SEND_TRIES = 3
+
+
 class _ClusterLink:
     """Commands through the cluster client, which routes each by its keys' slot and
     follows ``MOVED``/``ASK`` and failovers.
@@ -900,15 +903,19 @@ class _ClusterLink:
         if self._closed:
             raise RedisConnectionError("the coordinator was closed")
         async with self._slots:
-            try:
-                return await self._client.execute_command(*args)
-            except AttributeError as exc:
-                # redis-py 8.1's cluster client can send on a connection another task
-                # just closed (during a failover): "'NoneType' object has no attribute
-                # 'writelines'". The command was not sent.
-                raise RedisConnectionError(
-                    f"cluster connection closed under the command: {exc}"
-                ) from exc
+            for attempt in range(_CLUSTER_SEND_TRIES):
+                try:
+                    return await self._client.execute_command(*args)
+                except AttributeError as exc:
+                    # redis-py 8.1's cluster client can send on a connection that another
+                    # task closed meanwhile (seen in failovers and under bursts): "'NoneType'
+                    # object has no attribute 'writelines'". Nothing was sent, so sending
+                    # again on another connection is safe.
+                    if attempt == _CLUSTER_SEND_TRIES - 1:
+                        raise RedisConnectionError(
+                            f"cluster connection closed under the command: {exc}"
+                        ) from exc
+            raise AssertionError("not reached")
 
     async def aclose(self) -> None:
         self._closed = True
