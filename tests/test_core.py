@@ -99,7 +99,7 @@ class TestConnect:
             asynclock.connect("memory://", identity="")
 
     def test_public_names(self) -> None:
-        """The top-level names of DESIGN.md are exported and report the public module."""
+        """The documented top-level names are exported and report the public module."""
         for name in (
             "connect",
             "Coordinator",

@@ -64,7 +64,7 @@ def _is_number(value: object) -> bool:
 
 @dataclass
 class Target:
-    """One target of issue 6, the row it concerns, and how it went (PASS, MISS, n/a)."""
+    """One performance target, the row it concerns, and how it went (PASS, MISS, n/a)."""
 
     id: str
     text: str
@@ -477,7 +477,7 @@ def _sections(report: dict[str, Any]) -> list[Section]:
     sections += _primitive_sections(rows, settings)
     sections.append(
         Section(
-            "Targets (issue 6; reported, never asserted)",
+            "Targets (reported, never asserted)",
             ["target", "measured", "status"],
             [[t.text, t.measured, t.status] for t in targets if t.status != "n/a"],
             [
