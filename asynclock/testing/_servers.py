@@ -1122,6 +1122,18 @@ def _discard(entry: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
+_LEFTOVER_AGE = 3600.0
+
+
+def _remove_leftovers(root: Path) -> None:
+    """Delete half-made or discarded copies that a killed process left over an hour ago."""
+    for pattern in (".copying-*", ".discarded-*"):
+        for leftover in root.glob(pattern):
+            with contextlib.suppress(OSError):
+                if time.time() - leftover.lstat().st_mtime > _LEFTOVER_AGE:
+                    shutil.rmtree(leftover)
+
+
 def _copied_bindir(install: Path) -> Path:
     """Where the copy of ``install``'s bin/ lies, relative to the copy's root."""
     return Path(install.parent.name) / install.name / "bin"
@@ -1159,8 +1171,10 @@ def _bindir_for(bindir: str, owner: tuple[int, int] | None) -> str:
     version = _postgres_version(str(install / "bin"))[1]
     digest = _file_digest(postgres, info.st_size, info.st_mtime_ns)
     with _COPY_LOCK:
-        entry = _postgres_cache_root() / f"postgresql-{version}-{digest}"
+        root = _postgres_cache_root()
+        entry = root / f"postgresql-{version}-{digest}"
         if not _copy_is_whole(entry):
+            _remove_leftovers(root)
             try:
                 if entry.exists():
                     _discard(entry)
