@@ -163,9 +163,11 @@ async def advisory_xact_lock(
     release by hand. It conflicts with the session locks of ``coord.lock(name)`` on a
     PostgreSQL coordinator with the same ``namespace``.
 
-    - ``timeout``: ``None`` waits in the server's lock queue as long as it takes, ``0``
-      tries once, ``> 0`` waits at most that long (``lock_timeout``, inside a savepoint so
-      that a timeout leaves the caller's transaction usable). Then :class:`LockTimeout`.
+    - ``timeout``: ``None`` waits in the server's lock queue as long as it takes (at most
+      the server's own ``lock_timeout``, if one is set; running out of it aborts the
+      caller's transaction), ``0`` tries once, ``> 0`` waits at most that long
+      (``lock_timeout``, inside a savepoint so that a timeout leaves the caller's
+      transaction usable). Then :class:`LockTimeout`.
     - ``shared``: a shared lock (``pg_advisory_xact_lock_shared``).
     - ``fence``: also return a fencing token from the coordinator's fence sequence
       (created if missing), strictly greater than every fence handed out before.
@@ -212,6 +214,11 @@ async def advisory_xact_lock(
     except LockError:
         raise
     except asyncpg.exceptions.LockNotAvailableError as exc:
+        if wait is None:  # the server's own lock_timeout (session, role or database)
+            raise LockTimeout(
+                f"lock {name!r} not acquired within the server's lock_timeout "
+                "(timeout=None waits no longer than that)"
+            ) from exc
         raise LockTimeout(f"lock {name!r} not acquired within {wait:g}s") from exc
     except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
         raise BackendError(f"PostgreSQL: {exc}") from exc

@@ -350,6 +350,17 @@ class TestTransactionLocks:
             assert await conn.fetchval("SELECT 1") == 1
             assert await conn.fetchval("SHOW lock_timeout") == "7s"
 
+    async def test_server_lock_timeout_with_no_timeout_is_a_lock_timeout(
+        self, pool: asyncpg.Pool, coord: asynclock.Coordinator, namespace: str
+    ) -> None:
+        """timeout=None under the session's own lock_timeout: LockTimeout, not a TypeError."""
+        async with coord.lock("slow"), pool.acquire() as conn:
+            async with conn.transaction():
+                await conn.execute("SET LOCAL lock_timeout = '100ms'")
+                with pytest.raises(LockTimeout, match=r"'slow'.*lock_timeout"):
+                    await advisory_xact_lock(conn, "slow", namespace=namespace)
+            assert await conn.fetchval("SELECT 1") == 1  # the connection is usable again
+
     async def test_fences_and_shared(
         self, pool: asyncpg.Pool, coord: asynclock.Coordinator, namespace: str
     ) -> None:
