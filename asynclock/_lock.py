@@ -466,7 +466,22 @@ class Lock:
             raise RuntimeError(f"lock {self.name!r} was not entered by this task")
         lease._in_body = False
         if lease._state is _HELD:
-            await lease._release()
+            try:
+                await lease._release()
+            except Exception as error:
+                if not isinstance(exc, asyncio.CancelledError):
+                    raise
+                # A cancel is in flight: it must end the task, not an error of the clean-up
+                # (a caller retrying on BackendError would run on after task.cancel()). The
+                # release goes on in the background until the server confirms or the TTL ends.
+                logger.warning(
+                    "release of %r (fence %d) failed while its task was being cancelled; "
+                    "finishing it in the background: %s",
+                    self.name,
+                    lease.fence,
+                    error,
+                )
+                return
         if lease._state is _LOST:
             await self._deliver_loss(lease, task, exc)  # raises, unless an outside cancel
 

@@ -120,6 +120,26 @@ class TestFrozenServer:
             assert not lease.lost
             assert not await observer.is_locked("r")
 
+    async def test_a_failed_release_does_not_replace_a_cancel(self, private: ValkeyServer) -> None:
+        """A task cancelled in its lock's body ends cancelled when the release fails too:
+        BackendError must not replace the CancelledError (a retry loop would run on)."""
+        async with asynclock.connect(private.url, prefix="cx") as coord:
+            entered = asyncio.Event()
+
+            async def worker() -> None:
+                async with coord.lock("c", ttl=10):
+                    entered.set()
+                    await asyncio.sleep(3600)
+
+            task = asyncio.create_task(worker())
+            await entered.wait()
+            private.kill()
+            task.cancel()
+            done, _ = await asyncio.wait([task], timeout=10)
+            assert done, "the cancelled worker did not end"
+            assert task.cancelled(), f"ended with {task.exception()!r} instead of cancelled"
+            private.restart()
+
     async def test_frozen_server_times_out_a_bounded_acquire(self, private: ValkeyServer) -> None:
         """A frozen server with timeout=0.5: LockTimeout after about 0.5 s, no hang."""
         async with asynclock.connect(private.url) as coord:
