@@ -186,7 +186,7 @@ class Coordinator:
         *flags: bool,
     ) -> dict[str, Any]:
         """Validate what every lock-like object takes; the Lock arguments they share."""
-        check_name(name)
+        self._backend.check_name(check_name(name))
         names = ("renew", "cancel_on_lost", "shared", "fair")
         for flag, value in zip(names, flags, strict=False):
             if not isinstance(value, bool):
@@ -251,7 +251,7 @@ class Coordinator:
 
     async def inspect(self, name: str) -> LockInfo | None:
         """Who holds ``name`` now (owner identity, seconds left, fence), or None if free."""
-        check_name(name)
+        self._backend.check_name(check_name(name))
         self._check_open()
         return await self._backend.inspect(name)
 

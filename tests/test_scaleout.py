@@ -234,6 +234,25 @@ class TestCluster:
                 await asyncio.wait_for(watcher, 2.0)  # by message: observe() polls at ttl
             assert seen == [None, "me"]
 
+    @pytest.mark.parametrize("asynclock_cluster", [0], indirect=True)
+    async def test_a_name_that_would_leave_its_slot_is_refused(
+        self, asynclock_cluster: ClusterSetup
+    ) -> None:
+        """A name starting with '}' (an empty hash tag: CROSSSLOT) is a ValueError at the
+        call; '}' elsewhere in a name, and in an election's name, works."""
+        async with asynclock.connect(asynclock_cluster.url) as coord:
+            with pytest.raises(ValueError, match="start with '}'"):
+                coord.lock("}x")
+            with pytest.raises(ValueError, match="start with '}'"):
+                coord.semaphore("}x", 2)
+            with pytest.raises(ValueError, match="start with '}'"):
+                await coord.inspect("}x")
+            async with coord.lock("a}b", ttl=5, timeout=1) as lease:
+                assert await coord.is_locked("a}b")
+                await lease.extend(6)
+            async with coord.election("}boss", ttl=5, identity="me").leadership():
+                assert await coord.election("}boss", ttl=5).leader() == "me"
+
     @pytest.mark.timeout(120)
     async def test_a_master_killed_mid_run(self, asynclock_cluster: ClusterSetup) -> None:
         """Three coordinators lock names on every master while one master is killed:

@@ -155,6 +155,14 @@ class Backend(abc.ABC):
         if self.drift_factor >= 0.5:
             raise ValueError(f"drift_factor must be < 0.5, got {drift_factor!r}")
 
+    def check_name(self, name: str) -> None:
+        """Raise ``ValueError`` for a valid name this backend cannot lock (default: none).
+
+        Called at the call that names it (``coord.lock()``, ``inspect()``, ...), before
+        anything is sent.
+        """
+        del name  # every valid name is lockable unless a backend says otherwise
+
     def drift(self, ttl: float) -> float:
         """Seconds a lease of ``ttl`` is cut short locally, for clock drift and latency."""
         return ttl * self.drift_factor + self.drift_base

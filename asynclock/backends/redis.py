@@ -376,6 +376,17 @@ class RedisBackend(Backend):
 
     # -- keys ------------------------------------------------------------------------
 
+    def check_name(self, name: str) -> None:
+        """On Cluster, a name starting with ``}`` is refused: its keys ``prefix:{}…`` have
+        an empty hash tag, so Cluster would hash each whole key and scatter the lock and
+        its fence over different slots (``CROSSSLOT``)."""
+        if self._cluster and name.startswith("}"):
+            raise ValueError(
+                f"lock name {name!r} starts with '}}', which Redis Cluster cannot keep in one "
+                "slot (its keys would have an empty hash tag); use a name that does not "
+                "start with '}'"
+            )
+
     def keys(self, name: str) -> Keys:
         """The lock key, fence counter key, wake-up channel and waiter queue of ``name``
         (and, as properties, its readers' and its semaphore's keys)."""
