@@ -515,6 +515,18 @@ class TestFair:
         assert time.monotonic() - released < FAIR_HANDOFF_BOUND
         await lease.release()
 
+    async def test_a_try_once_takes_no_place_in_line(self, make_coord: MakeCoord) -> None:
+        """A fair timeout=0 attempt that finds the lock held never waits, so it does not
+        join the line: once the lock is free, the next try gets it at once."""
+        a, b = make_coord(), make_coord()
+        need(a, "fair")
+        holder = await a.lock("once", ttl=30, fair=True).acquire()
+        with pytest.raises(LockTimeout):
+            await b.lock("once", ttl=30, fair=True, timeout=0).acquire()
+        await holder.release()
+        lease = await b.lock("once", ttl=30, fair=True, timeout=0).acquire()
+        await lease.release()
+
     async def test_fair_false_is_a_plain_lock(self, make_coord: MakeCoord) -> None:
         """fair=False is the default lock on every backend (Redlock included): accepted,
         exclusive with a default lock of the same name, one fence sequence."""

@@ -143,7 +143,8 @@ class MemoryBackend(Backend):
             queue = table.queue(name, now)
             first = next(iter(queue), claim.value)
             if holders is not None or first != claim.value:
-                queue[claim.value] = stay  # joins at the end, or keeps its place
+                if wait != 0:  # a try-once never waits: it takes no place in the line
+                    queue[claim.value] = stay  # joins at the end, or keeps its place
                 left = None if holders is None else _left(holders, now)
                 return Attempt(None, left)
             queue.pop(claim.value, None)
