@@ -64,6 +64,7 @@ class Lease:
         "_failures",
         "_in_body",
         "_interval",
+        "_quiet",
         "_reason",
         "_renew",
         "_renewing",
@@ -106,7 +107,10 @@ class Lease:
         self._cancel_sent = False
         # Watchdog bookkeeping (asynclock._watchdog).
         self._seq = -1
+        # True while an extend request (the watchdog's renewal or extend()) is in flight:
+        # one at a time, so that the last reply is from the request the server ran last.
         self._renewing = False
+        self._quiet: asyncio.Event | None = None  # set when none is; made on first need
         self._failures = 0
 
     @property
@@ -139,6 +143,12 @@ class Lease:
     async def extend(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` seconds (default: its current ``ttl``) from now.
 
+        One extend request per lease is in flight at a time: a call made while the
+        watchdog's renewal (or another ``extend()``) is on its way is sent after that one
+        has answered. If the call fails or is cancelled after its request left, the server
+        may have applied it: the lease then counts on the shorter of its validity and
+        ``ttl`` from before the request, and the watchdog keeps renewing it.
+
         Raises :class:`LockNotOwned` if the lease is no longer held (then it is lost, and
         with ``cancel_on_lost`` the body of ``async with`` is cancelled), ``BackendError``
         if the server could not be reached (the lease stays held; the watchdog retries).
@@ -146,9 +156,29 @@ class Lease:
         new_ttl = self.ttl if ttl is None else check_ttl(ttl)
         if self._state is not _HELD:
             raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; cannot extend")
+        while self._renewing:
+            if self._quiet is None:
+                self._quiet = asyncio.Event()
+            await self._quiet.wait()
+            if self._state is not _HELD:
+                raise LockNotOwned(
+                    f"lease on {self.name!r} was {self._state.value} while its renewal ran"
+                )
         backend = self._coord.backend
         start = backend.clock.now()
-        extended = await backend.extend(self._claim, new_ttl)
+        extended: bool | None = None
+        self._begin_request()
+        try:
+            extended = await backend.extend(self._claim, new_ttl)
+        finally:
+            self._end_request()
+            if extended is None and self._state is _HELD:
+                # Failed or cancelled after the request may have left: it may have run.
+                self._assume(start, new_ttl)
+                delay = self._retry.delay(self._failures)
+                self._coord._watchdog.reschedule(
+                    self, min(backend.clock.now() + delay, self._valid_until)
+                )
         if self._state is not _HELD:
             raise LockNotOwned(f"lease on {self.name!r} was {self._state.value} while extending")
         if not extended:
@@ -158,6 +188,24 @@ class Lease:
         self._interval = new_ttl / 3
         self._valid_until = start + new_ttl - backend.drift(new_ttl)
         self._coord._watchdog.reschedule(self, start + self._interval)
+
+    def _begin_request(self) -> None:
+        """An extend request of this lease leaves (see :attr:`_renewing`)."""
+        self._renewing = True
+        if self._quiet is not None:
+            self._quiet.clear()
+
+    def _end_request(self) -> None:
+        """The extend request in flight has answered, failed or been abandoned."""
+        self._renewing = False
+        if self._quiet is not None:
+            self._quiet.set()
+
+    def _assume(self, start: float, ttl: float) -> None:
+        """A request for ``ttl`` sent at ``start`` may have run on the server, unconfirmed:
+        never believe the lease lasts longer than that request would have left it."""
+        drift = self._coord.backend.drift(ttl)
+        self._valid_until = min(self._valid_until, start + ttl - drift)
 
     async def release(self) -> None:
         """Release the lock: delete it on the server if this lease still holds it.

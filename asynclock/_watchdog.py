@@ -143,25 +143,38 @@ class Watchdog:
 
     def _send(self, batch: list[Lease], now: float) -> None:
         for lease in batch:
-            lease._renewing = True
+            lease._begin_request()
             # If the renewal hangs, the lease is lost at the end of its validity.
             self._push(lease, lease._valid_until)
         self.batches += 1
         last = max(lease._valid_until for lease in batch)
-        self._spawn(self._renew(batch, now, last - now), name="asynclock-renew")
+        # Each renewal asks for the TTL the lease has now; its reply is read against that
+        # TTL, not against whatever the lease's ttl is when the reply comes.
+        ttls = [lease.ttl for lease in batch]
+        self._spawn(self._renew(batch, ttls, now, last - now), name="asynclock-renew")
 
-    async def _renew(self, batch: list[Lease], start: float, bound: float) -> None:
+    async def _renew(
+        self, batch: list[Lease], ttls: list[float], start: float, bound: float
+    ) -> None:
         backend = self._backend
         results: list[bool | None]
         sent = time.perf_counter()
         try:
             async with asyncio.timeout(max(bound, 0.0)):
-                results = await backend.extend_many([(lease._claim, lease.ttl) for lease in batch])
+                items = [(lease._claim, ttl) for lease, ttl in zip(batch, ttls, strict=True)]
+                results = await backend.extend_many(items)
         except TimeoutError:
             results = [None] * len(batch)
         except Exception:
             logger.exception("renewal of %d leases failed unexpectedly", len(batch))
             results = [None] * len(batch)
+        except BaseException:
+            # Cancelled (the coordinator is closing): each request's outcome is unknown.
+            for lease, ttl in zip(batch, ttls, strict=True):
+                lease._end_request()
+                if lease._seq >= 0:
+                    lease._assume(start, ttl)
+            raise
         self._recorder.renewed(
             sum(r is True for r in results),
             sum(r is False for r in results),
@@ -169,18 +182,19 @@ class Watchdog:
             time.perf_counter() - sent,
         )
         now = self._clock.now()
-        for lease, extended in zip(batch, results, strict=True):
-            lease._renewing = False
+        for lease, ttl, extended in zip(batch, ttls, results, strict=True):
+            lease._end_request()
             if lease._seq < 0:
                 continue  # released or lost meanwhile
             if extended:
                 self.renewals += 1
                 lease._failures = 0
-                lease._valid_until = start + lease.ttl - backend.drift(lease.ttl)
-                self._push(lease, start + lease._interval)
+                lease._valid_until = start + ttl - backend.drift(ttl)
+                self._push(lease, start + ttl / 3)
             elif extended is False:
                 lease._lose("renewal refused: the lock expired or has another holder")
             else:
+                lease._assume(start, ttl)  # it may have run, unconfirmed
                 delay = lease._retry.delay(lease._failures)
                 lease._failures += 1
                 self._push(lease, min(now + delay, lease._valid_until))

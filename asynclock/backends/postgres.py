@@ -767,23 +767,30 @@ class PostgresBackend(Backend):
             return False
         sql = self._sql or await self._statements()
         ttl_ms = math.ceil(ttl * 1000)
-        if ttl_ms == session.ttl_ms:
-            statement, args = sql.heartbeat, []
-        else:
-            name = f"{_APP_PREFIX}{session.fence}:{ttl_ms}:{_owner(claim.value)}"
-            statement, args = sql.heartbeat_new_ttl, [name]
-            if sql.has_idle_timeout:
-                args.append(str(ttl_ms))
         async with session.lock:
             if session.ended():
                 return False
+            # Chosen under the session's lock: the TTL the session has is the one the
+            # last statement on it set, never one a concurrent statement is about to set.
+            if ttl_ms == session.ttl_ms:
+                statement, args = sql.heartbeat, []
+            else:
+                name = f"{_APP_PREFIX}{session.fence}:{ttl_ms}:{_owner(claim.value)}"
+                statement, args = sql.heartbeat_new_ttl, [name]
+                if sql.has_idle_timeout:
+                    args.append(str(ttl_ms))
             try:
                 pid = await session.conn.raw.fetchval(statement, *args)
-            except _SESSION_GONE:
-                await self._end_session(session)
-                return False
-            except asyncpg.PostgresError as exc:
-                raise BackendError(f"{self._where}: {exc}") from exc
+            except BaseException as exc:
+                # The statement may or may not have set the new TTL: make the next one set
+                # it again (0 is no TTL's value) rather than trust either.
+                session.ttl_ms = 0
+                if isinstance(exc, _SESSION_GONE):
+                    await self._end_session(session)
+                    return False
+                if isinstance(exc, asyncpg.PostgresError):
+                    raise BackendError(f"{self._where}: {exc}") from exc
+                raise
             session.ttl_ms = ttl_ms
         if pid != session.pid:
             logger.error(
