@@ -181,9 +181,18 @@ class _Leadership:
     async def __aenter__(self) -> Term:
         election = self._election
         lease = await self._lock.__aenter__()
+        task = asyncio.current_task()
         term = Term(election.name, election.identity, lease.fence, lease)
-        self._terms[asyncio.current_task()] = term
-        await self._announce("elected", term)
+        self._terms[task] = term
+        try:
+            await self._announce("elected", term)
+        except BaseException as exc:
+            # Cancelled (from outside, or by our own loss) while announcing: the caller
+            # never gets the term, so give the lease back here, and let the lock turn
+            # its own loss cancel into LeadershipLost.
+            self._terms.pop(task, None)
+            await self._lock.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
         return term
 
     async def __aexit__(
@@ -193,8 +202,15 @@ class _Leadership:
         tb: TracebackType | None,
     ) -> None:
         term = self._terms.pop(asyncio.current_task(), None)
-        if term is not None and term.lease.held:
-            await self._announce("resigned", term)
+        # "resigned" goes out before the release, so that observers see the gap before
+        # the next leader's "elected". A cancel landing on it must not skip the release:
+        # the lock then leaves with the exception actually in flight.
+        try:
+            if term is not None and term.lease.held:
+                await self._announce("resigned", term)
+        except BaseException as interrupted:
+            await self._lock.__aexit__(type(interrupted), interrupted, interrupted.__traceback__)
+            raise
         await self._lock.__aexit__(exc_type, exc, tb)
 
     async def _announce(self, kind: str, term: Term) -> None:
