@@ -429,15 +429,25 @@ class Lock:
         """Try until granted; between attempts sleep until woken by a release, the
         holder's TTL ends or the backoff step passes. Returns the grant and its start."""
         coord = self._coord
-        # Subscribe first, then try: a release between the failed attempt and the sleep
-        # is recorded on the slot, never lost.
-        async with coord.backend.waiter(self.name) as slot:
-            slot.tag = claim.value  # a release that names this claim wakes this slot
-            coord._waiting.add(slot)
-            try:
-                return await self._wait_loop(claim, deadline, slot)
-            finally:
-                coord._waiting.discard(slot)
+        granted = False
+        try:
+            # Subscribe first, then try: a release between the failed attempt and the
+            # sleep is recorded on the slot, never lost.
+            async with coord.backend.waiter(self.name) as slot:
+                slot.tag = claim.value  # a release that names this claim wakes this slot
+                coord._waiting.add(slot)
+                try:
+                    result = await self._wait_loop(claim, deadline, slot)
+                    granted = True
+                    return result
+                finally:
+                    coord._waiting.discard(slot)
+        except BaseException:
+            # Leaving the wait can suspend (an unsubscribe on its way) after the grant: a
+            # cancel or an error there means no Lease will be made. Give the grant back.
+            if granted:
+                coord._discard(claim, self.ttl)
+            raise
 
     async def _wait_loop(
         self, claim: Claim, deadline: float | None, slot: WakeSlot

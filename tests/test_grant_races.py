@@ -1,0 +1,79 @@
+"""A grant racing a cancel is never lost: whatever the server granted is given back.
+
+The memory backend on a manual clock, whose waiter's exit suspends (as a Redlock or Redis
+waiter's unsubscribe does) at a gate the test holds while it cancels the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import pytest
+
+import asynclock
+from asynclock._wakeup import WakeSlot
+from asynclock.backends import MemoryBackend
+from asynclock.testing import ManualClock
+
+
+class SlowToLeave(MemoryBackend):
+    """A waiter's exit waits at ``gate`` (an unsubscribe on its way) while ``hold`` is set."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock=clock)
+        self.hold = False
+        self.leaving = 0
+        self.gate = asyncio.Event()
+
+    def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
+        return self._slow_waiter(name)
+
+    @asynccontextmanager
+    async def _slow_waiter(self, name: str) -> AsyncIterator[WakeSlot]:
+        async with super().waiter(name) as slot:
+            try:
+                yield slot
+            finally:
+                if self.hold:
+                    self.leaving += 1
+                    await self.gate.wait()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(start=1000.0)
+
+
+@pytest.fixture
+async def backend(clock: ManualClock) -> SlowToLeave:
+    return SlowToLeave(clock)
+
+
+@pytest.fixture
+async def coord(backend: SlowToLeave) -> AsyncIterator[asynclock.Coordinator]:
+    async with asynclock.Coordinator(backend) as coord:
+        yield coord
+
+
+class TestGrantRacingACancel:
+    async def test_a_grant_cancelled_while_leaving_the_wait_is_given_back(
+        self, coord: asynclock.Coordinator, backend: SlowToLeave
+    ) -> None:
+        """The waiter is granted, then cancelled while its wait is being left: no Lease
+        reaches it, so the grant must go back to the server at once (not at its TTL)."""
+        holder = await coord.lock("job", ttl=30).acquire()
+        waiting = asyncio.create_task(coord.lock("job", ttl=30).acquire())
+        await ManualClock.settle()
+        backend.hold = True
+        await holder.release()  # wakes the waiter: its next attempt is granted
+        await ManualClock.settle()
+        assert backend.leaving == 1, "the waiter did not reach its exit"
+        waiting.cancel()
+        await ManualClock.settle()
+        assert waiting.cancelled()
+        assert coord.held == []
+        assert not await coord.is_locked("job"), "the grant was kept until its TTL"
+        async with coord.lock("job", ttl=30, timeout=0):
+            pass
