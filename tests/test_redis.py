@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from asynclock import BackendError, Backoff, LockLost, LockTimeout
 from asynclock.backends import Claim, RedisBackend
 from asynclock.backends.redis import LINGER
 from asynclock.testing import ValkeyFactory, ValkeyServer
+from asynclock.testing.proxy import FaultProxy
 
 from .conftest import eventually, redis_backend
 
@@ -34,6 +36,24 @@ async def raw(asynclock_redis_url: str) -> AsyncIterator[Redis]:
 def private(asynclock_valkey_factory: ValkeyFactory) -> ValkeyServer:
     """A Valkey process of this test's own, free to freeze, kill and restart."""
     return asynclock_valkey_factory(1)[0]
+
+
+def sockets_to(port: int) -> int:
+    """TCP sockets this process has open to ``port`` on loopback (from /proc)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    count = 0
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            remote_port = int(fields[2].split(":")[1], 16)
+            if remote_port == port and fields[9] in inodes:
+                count += 1
+    return count
 
 
 async def namespace_keys(raw: Redis, namespace: str) -> list[bytes]:
@@ -139,6 +159,50 @@ class TestFrozenServer:
             assert done, "the cancelled worker did not end"
             assert task.cancelled(), f"ended with {task.exception()!r} instead of cancelled"
             private.restart()
+
+    async def test_a_request_on_a_new_connection_still_times_out(
+        self, asynclock_redis_url: str
+    ) -> None:
+        """A connection dies with a request in flight, which is sent again on a new
+        connection into a black hole: it must end by the socket timeout (the old timer
+        watched only the dead connection, and the request hung for good)."""
+        async with FaultProxy.from_url(asynclock_redis_url) as proxy:
+            url = proxy.url_for(asynclock_redis_url)
+            async with asynclock.connect(url, prefix="tmo", socket_timeout=0.5) as coord:
+                assert not await coord.is_locked("x")  # connected
+                proxy.blackhole()
+                first = asyncio.create_task(coord.is_locked("x"))
+                await asyncio.sleep(0.05)
+                proxy.reset()  # dies with the request in flight: it goes out once more
+                started = time.monotonic()
+                with pytest.raises(BackendError, match=r"within 0\.5s"):
+                    await asyncio.wait_for(first, 5.0)
+                assert time.monotonic() - started < 0.5 + 0.2  # T, not 1.5 T
+                proxy.heal()
+
+    @pytest.mark.parametrize("how", ["timed out", "cancelled"])
+    async def test_an_abandoned_connect_closes_its_socket(
+        self, asynclock_redis_url: str, how: str
+    ) -> None:
+        """A connect whose handshake (SELECT) gets no answer, given up by its timeout or
+        by a cancel (as Redlock cancels slow nodes), leaves no socket open behind it."""
+        async with FaultProxy.from_url(asynclock_redis_url) as proxy:
+            proxy.blackhole()
+            url = proxy.url_for(asynclock_redis_url).rsplit("/", 1)[0] + "/1"
+            async with asynclock.connect(url, socket_connect_timeout=0.2) as coord:
+                for _ in range(4):
+                    if how == "timed out":
+                        with pytest.raises(BackendError, match="timed out connecting"):
+                            await coord.is_locked("x")
+                    else:
+                        with pytest.raises(TimeoutError):
+                            await asyncio.wait_for(coord.is_locked("x"), 0.05)
+                assert proxy.stats.connections >= 4
+                # (an aborted transport closes its socket on the next loop iteration)
+                assert await eventually(lambda: sockets_to(proxy.port) == 0, within=1.0), (
+                    f"{sockets_to(proxy.port)} abandoned connections still open"
+                )
+            proxy.heal()
 
     async def test_frozen_server_times_out_a_bounded_acquire(self, private: ValkeyServer) -> None:
         """A frozen server with timeout=0.5: LockTimeout after about 0.5 s, no hang."""

@@ -11,7 +11,8 @@ command, and for Redlock one write per node and one wake-up per fan-out.
 It serves plain TCP and Unix-socket connections, with AUTH and SELECT; anything else (TLS,
 credential providers, Sentinel, Cluster) stays on redis-py's connections
 (:func:`pipe_for`). A request that gets no answer within the socket timeout breaks the
-connection: every request in flight on it fails, and the next one reconnects.
+connection it went out on: every request in flight on it fails, and the next one
+reconnects (and is watched on its new connection in turn).
 """
 
 from __future__ import annotations
@@ -52,14 +53,23 @@ class StaleConnection(RedisConnectionError):
 
 
 class _Protocol(asyncio.Protocol):
-    """Requests go out in order; replies come back in order and settle them in turn."""
+    """Requests go out in order; replies come back in order and settle them in turn.
 
-    def __init__(self) -> None:
+    With a ``timeout``, the connection watches its own requests: when the oldest one has
+    waited that long, the connection is aborted and everything in flight on it fails.
+    One timer per connection, armed for the oldest request's deadline; a connection that
+    is lost cancels its timer, and a new one arms its own.
+    """
+
+    def __init__(self, timeout: float | None = None, where: str = "the server") -> None:
         self._reader = hiredis.Reader(replyError=ResponseError)
         self._pending: deque[Callback] = deque()
         self._sent: deque[float] = deque()
         self._transport: asyncio.Transport | None = None
         self._silent = False  # nothing received since a request went out on an idle line
+        self._timeout = timeout
+        self._where = where
+        self._watch: asyncio.TimerHandle | None = None
         self.lost: BaseException | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -89,6 +99,9 @@ class _Protocol(asyncio.Protocol):
             self._fail(self.lost)
 
     def _fail(self, error: BaseException) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         pending, self._pending = self._pending, deque()
         self._sent.clear()
         for callback in pending:
@@ -106,6 +119,26 @@ class _Protocol(asyncio.Protocol):
             self._silent = True
         self._pending.append(callback)
         self._sent.append(time.monotonic())
+        if self._watch is None and self._timeout is not None:
+            self._arm(self._sent[0])
+
+    def _arm(self, oldest: float) -> None:
+        assert self._timeout is not None
+        delay = max(0.0, oldest + self._timeout - time.monotonic())
+        self._watch = asyncio.get_running_loop().call_later(delay, self._check)
+
+    def _check(self) -> None:
+        """At the oldest request's deadline: abort if it is still unanswered, else watch
+        the request that is oldest now."""
+        self._watch = None
+        if not self._sent or not self.alive:
+            return
+        assert self._timeout is not None
+        oldest = self._sent[0]
+        if time.monotonic() - oldest >= self._timeout:
+            self.abort(RedisTimeoutError(f"no reply from {self._where} within {self._timeout:g}s"))
+        else:
+            self._arm(oldest)
 
     def oldest(self) -> float | None:
         """When the oldest unanswered request was sent."""
@@ -154,7 +187,6 @@ class Pipe:
         self._timeout = timeout
         self._proto: _Protocol | None = None
         self._connecting: asyncio.Lock | None = None
-        self._watch: asyncio.TimerHandle | None = None
         self._closed = False
 
     def ready(self) -> _Protocol | None:
@@ -179,17 +211,29 @@ class Pipe:
 
     async def _connect(self) -> _Protocol:
         loop = asyncio.get_running_loop()
+        where = self._where()
+
+        def factory() -> _Protocol:
+            return _Protocol(self._timeout, where)
+
+        proto: _Protocol | None = None
         try:
             async with asyncio.timeout(self._connect_timeout):
                 if self._path is not None:
-                    _, proto = await loop.create_unix_connection(_Protocol, self._path)
+                    _, proto = await loop.create_unix_connection(factory, self._path)
                 else:
-                    _, proto = await loop.create_connection(_Protocol, self._host, self._port)
+                    _, proto = await loop.create_connection(factory, self._host, self._port)
                 await self._handshake(proto)
-        except TimeoutError as exc:
-            raise RedisTimeoutError(f"timed out connecting to {self._where()}") from exc
-        except OSError as exc:
-            raise RedisConnectionError(f"error connecting to {self._where()}: {exc}") from exc
+        except BaseException as exc:
+            # Timed out, cancelled (Redlock cancels connects past node_timeout), refused or
+            # failed handshake: a socket that was made must not outlive the attempt.
+            if proto is not None:
+                proto.abort(RedisConnectionError(f"connecting to {where} was abandoned"))
+            if isinstance(exc, TimeoutError):
+                raise RedisTimeoutError(f"timed out connecting to {where}") from exc
+            if isinstance(exc, OSError):
+                raise RedisConnectionError(f"error connecting to {where}: {exc}") from exc
+            raise
         return proto
 
     async def _handshake(self, proto: _Protocol) -> None:
@@ -202,16 +246,11 @@ class Pipe:
         if self._db:
             commands.append(("SELECT", self._db))
         for command in commands:
-            try:
-                await self._send(proto, command)
-            except ResponseError:
-                proto.abort(RedisConnectionError("handshake failed"))
-                raise
+            await self._send(proto, command)  # an error reply: _connect closes the socket
 
     async def _send(self, proto: _Protocol, args: tuple[Any, ...]) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         proto.request(pack(args), lambda reply: _settle(fut, reply))
-        self._watch_timeouts(proto)
         return await fut
 
     async def execute(self, *args: Any) -> Any:
@@ -229,33 +268,9 @@ class Pipe:
     def request(self, proto: _Protocol, data: bytes, callback: Callback) -> None:
         """Send packed ``data`` on ``proto`` (from :meth:`ready`); no waiting here."""
         proto.request(data, callback)
-        self._watch_timeouts(proto)
-
-    def _watch_timeouts(self, proto: _Protocol) -> None:
-        """Break a connection whose oldest request waits longer than the socket timeout:
-        one timer per connection, not one per request."""
-        if self._watch is None and self._timeout is not None:
-            loop = asyncio.get_running_loop()
-            self._watch = loop.call_later(self._timeout / 2, self._check, proto)
-
-    def _check(self, proto: _Protocol) -> None:
-        self._watch = None
-        oldest = proto.oldest()
-        if oldest is None or not proto.alive:
-            return
-        assert self._timeout is not None
-        if time.monotonic() - oldest > self._timeout:
-            proto.abort(
-                RedisTimeoutError(f"no reply from {self._where()} within {self._timeout:g}s")
-            )
-            return
-        self._watch = asyncio.get_running_loop().call_later(self._timeout / 2, self._check, proto)
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
         proto, self._proto = self._proto, None
         if proto is not None:
             proto.abort(RedisConnectionError("the coordinator was closed"))
