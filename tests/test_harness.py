@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from redis.retry import Retry
 from asynclock.testing._servers import (
     POSTGRES_CACHE_ENV,
     POSTGRES_DSN_ENV,
+    POSTGRES_USER_ENV,
     REDIS_URL_ENV,
     ExternalServer,
     PostgresFactory,
@@ -288,14 +290,10 @@ def _bundled_install() -> Path:
     return install
 
 
-@pytest.fixture
-def private_bindir(tmp_path: Path) -> Path:
-    """A copy of the bundled PostgreSQL inside a mode-0700 folder, laid out as pip installs it."""
+def _install_copy(folder: Path) -> Path:
+    """The bundled PostgreSQL copied under ``folder`` as pip lays it out; its bin/."""
     install = _bundled_install()
-    private = tmp_path / "private"
-    private.mkdir(mode=0o700)
-    private.chmod(0o700)  # whatever the umask
-    site = private / "venv" / "site-packages"
+    site = folder / "venv" / "site-packages"
     shutil.copytree(install, site / install.parent.name / install.name, symlinks=True)
     libs = install.parent.parent / f"{install.parent.name}.libs"
     shutil.copytree(libs, site / libs.name, symlinks=True)
@@ -303,15 +301,30 @@ def private_bindir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def cache_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """$ASYNCLOCK_POSTGRES_CACHE set to a directory not made yet, in a folder anyone can enter."""
-    parent = Path(tempfile.mkdtemp(prefix="asynclock-test-cache-"))
-    parent.chmod(0o755)
-    monkeypatch.setenv(POSTGRES_CACHE_ENV, str(parent / "cache"))
+def private_bindir(tmp_path: Path) -> Path:
+    """A copy of the bundled PostgreSQL inside a mode-0700 folder, laid out as pip installs it."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    private.chmod(0o700)  # whatever the umask
+    return _install_copy(private)
+
+
+@pytest.fixture
+def public_folder() -> Iterator[Path]:
+    """A fresh folder of mode 0755 in the temporary directory (which anyone can enter)."""
+    folder = Path(tempfile.mkdtemp(prefix="asynclock-test-public-"))
+    folder.chmod(0o755)
     try:
-        yield parent / "cache"
+        yield folder
     finally:
-        shutil.rmtree(parent)
+        shutil.rmtree(folder)
+
+
+@pytest.fixture
+def cache_root(public_folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """$ASYNCLOCK_POSTGRES_CACHE set to a directory not made yet, in a folder anyone can enter."""
+    monkeypatch.setenv(POSTGRES_CACHE_ENV, str(public_folder / "cache"))
+    return public_folder / "cache"
 
 
 def _cache_state(root: Path) -> tuple[list[str], int | None]:
@@ -319,6 +332,14 @@ def _cache_state(root: Path) -> tuple[list[str], int | None]:
     if not root.exists():
         return [], None
     return sorted(entry.name for entry in root.iterdir()), root.stat().st_mode & 0o777
+
+
+_STARTER = """
+import sys
+from asynclock.testing import PostgresServer
+with PostgresServer.start(bindir=sys.argv[1]) as server:
+    print(server.bindir, flush=True)
+"""
 
 
 class TestPostgresFromAPrivateFolder:
@@ -352,27 +373,116 @@ class TestPostgresFromAPrivateFolder:
             assert servers[0].bindir == str(private_bindir)
             assert mode is None  # no copy: we run PostgreSQL as ourselves
 
+    def test_a_reachable_build_is_not_copied(self, public_folder: Path, cache_root: Path) -> None:
+        """A build the PostgreSQL user can reach runs where it is: no copy is made."""
+        bindir = _install_copy(public_folder / "shared")
+        with PostgresServer.start(bindir=str(bindir)) as server:
+            assert server.bindir == str(bindir)
+        assert _cache_state(cache_root) == ([], None)
+
+    @_root_only
+    def test_processes_starting_at_once_share_one_whole_copy(
+        self, private_bindir: Path, cache_root: Path
+    ) -> None:
+        """Five processes start PostgreSQL at once on an empty cache: each starts, from the
+        same copy, and nothing half-made is left (the copy is renamed into place whole)."""
+        starters = [
+            subprocess.Popen(  # noqa: S603 - our own argv, no shell
+                [sys.executable, "-c", _STARTER, str(private_bindir)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(5)
+        ]
+        outcomes = [starter.communicate(timeout=60) for starter in starters]
+        for starter, (_, err) in zip(starters, outcomes, strict=True):
+            assert starter.returncode == 0, err[-2000:]
+        assert len({out.strip() for out, _ in outcomes}) == 1
+        entries, _ = _cache_state(cache_root)
+        assert len(entries) == 1, entries
+
     @_root_only
     def test_a_damaged_copy_is_made_again(self, private_bindir: Path, cache_root: Path) -> None:
         """A copy a temp cleaner thinned out is replaced, not run with files missing."""
         with PostgresServer.start(bindir=str(private_bindir)) as server:
             copy = Path(server.bindir)
         install = copy.parent
-        (install / "share" / "postgresql" / "postgres.bki").unlink()  # initdb cannot do without it
+        (install / "share" / "postgresql" / "postgres.bki").unlink()  # initdb needs it
         with PostgresServer.start(bindir=str(private_bindir)) as server:
             assert server.bindir == str(copy)
             assert (install / "share" / "postgresql" / "postgres.bki").is_file()
         assert len(_cache_state(cache_root)[0]) == 1
 
     @_root_only
+    @pytest.mark.parametrize("how", ["planted by another user", "left writable by others"])
+    def test_a_copy_someone_else_could_change_is_never_run(
+        self, private_bindir: Path, cache_root: Path, public_folder: Path, how: str
+    ) -> None:
+        """A copy with a file another user owns (planted while the cache was open to all,
+        with a matching manifest) or could write is replaced; what was planted never
+        runs, as root or as the PostgreSQL user."""
+        with PostgresServer.start(bindir=str(private_bindir)) as server:
+            copy = Path(server.bindir)
+        entry = copy.parents[2]
+        nobody = pwd.getpwnam("nobody")
+        marker = public_folder / "ran"
+        planted = copy / "postgres"
+        planted.write_text(f"#!/bin/sh\ntouch {marker}-$(id -u)\necho 'postgres (PostgreSQL) 18'\n")
+        manifest = entry / "manifest.txt"
+        lines = manifest.read_text().splitlines()
+        relative = str(planted.relative_to(entry))
+        lines = [
+            f"{planted.stat().st_size}\t{relative}" if line.endswith(f"\t{relative}") else line
+            for line in lines
+        ]
+        manifest.write_text("\n".join(lines) + "\n")
+        if how == "planted by another user":
+            os.chown(planted, nobody.pw_uid, nobody.pw_gid)
+            os.chown(manifest, nobody.pw_uid, nobody.pw_gid)
+        else:
+            planted.chmod(0o777)
+        with PostgresServer.start(bindir=str(private_bindir)) as server:
+            assert server.bindir == str(copy)
+        assert list(public_folder.glob("ran-*")) == []
+        assert planted.stat().st_uid == 0
+        assert planted.stat().st_mode & 0o022 == 0
+
+    @_root_only
+    def test_a_cache_under_a_folder_another_user_owns_is_refused(
+        self, private_bindir: Path, public_folder: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Another user could swap a folder above the cache for a symlink to their own
+        files between the check and the use: refused, with the variable to set."""
+        theirs = public_folder / "theirs"
+        theirs.mkdir()
+        nobody = pwd.getpwnam("nobody")
+        os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+        monkeypatch.setenv(POSTGRES_CACHE_ENV, str(theirs / "sub" / "cache"))
+        with pytest.raises(ServerUnavailable, match=f"other than root.*{POSTGRES_CACHE_ENV}"):
+            PostgresServer.start(bindir=str(private_bindir))
+
+    @_root_only
+    def test_a_relative_cache_path_is_taken_from_where_it_was_given(
+        self, private_bindir: Path, public_folder: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """ASYNCLOCK_POSTGRES_CACHE=relative/path means relative to the current folder."""
+        monkeypatch.chdir(public_folder)
+        monkeypatch.setenv(POSTGRES_CACHE_ENV, "relative/cache")
+        with PostgresServer.start(bindir=str(private_bindir)) as server:
+            assert Path(server.bindir).is_relative_to(public_folder / "relative" / "cache")
+
+    @_root_only
     def test_a_cache_the_user_cannot_enter_is_a_clear_error(
         self, private_bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """A copy nobody can reach fails with ServerUnavailable naming the variable to set."""
+        """A cache nobody can reach fails with ServerUnavailable naming the variable to
+        set, before anything is copied."""
         # pytest's tmp_path lies under /tmp/pytest-of-root, mode 0700.
         monkeypatch.setenv(POSTGRES_CACHE_ENV, str(tmp_path / "cache"))
         with pytest.raises(ServerUnavailable, match=f"nobody.*{POSTGRES_CACHE_ENV}"):
             PostgresServer.start(bindir=str(private_bindir))
+        assert _cache_state(tmp_path / "cache")[0] == []
 
     @_root_only
     def test_a_cache_others_can_write_to_is_refused(
@@ -384,6 +494,20 @@ class TestPostgresFromAPrivateFolder:
         with pytest.raises(ServerUnavailable, match=f"cannot be trusted.*{POSTGRES_CACHE_ENV}"):
             PostgresServer.start(bindir=str(private_bindir))
         assert list(cache_root.iterdir()) == []
+
+    @_root_only
+    @pytest.mark.parametrize("user", ["root", ""])
+    def test_the_postgres_user_setting(
+        self, private_bindir: Path, cache_root: Path, monkeypatch: pytest.MonkeyPatch, user: str
+    ) -> None:
+        """ASYNCLOCK_POSTGRES_USER=root is refused by name; empty means the default."""
+        monkeypatch.setenv(POSTGRES_USER_ENV, user)
+        if user == "root":
+            with pytest.raises(ServerUnavailable, match=f"{POSTGRES_USER_ENV}='root'"):
+                PostgresServer.start(bindir=str(private_bindir))
+        else:
+            with PostgresServer.start(bindir=str(private_bindir)) as server:
+                assert server.running
 
     @_root_only
     def test_a_private_tmpdir_is_a_clear_error(

@@ -894,7 +894,7 @@ def _run_as() -> tuple[int, int] | None:
         return None
     import pwd  # noqa: PLC0415 - POSIX only; importing it late keeps the plugin importable
 
-    name = os.environ.get(POSTGRES_USER_ENV, "nobody")
+    name = os.environ.get(POSTGRES_USER_ENV) or "nobody"
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
@@ -902,6 +902,11 @@ def _run_as() -> tuple[int, int] | None:
             f"running as root, PostgreSQL needs an unprivileged user, and {name!r} does not "
             f"exist; set {POSTGRES_USER_ENV} to one that does"
         ) from None
+    if entry.pw_uid == 0:
+        raise ServerUnavailable(
+            f"{POSTGRES_USER_ENV}={name!r} is root, and PostgreSQL refuses to run as root; "
+            "set it to an unprivileged user (default nobody)"
+        )
     return entry.pw_uid, entry.pw_gid
 
 
@@ -964,44 +969,80 @@ def _reachable_by(path: Path, owner: tuple[int, int], *, execute: bool = False) 
 
 _INSTALL_PARTS = ("bin", "lib", "share")  # what a relocatable PostgreSQL needs; not include/
 _COPY_LOCK = threading.Lock()
+_MANIFEST = "manifest.txt"
+_STAGING = ".copying-"
+_DISCARDED = ".discarded-"
+_LEFTOVER_AGE = 3600.0
 
 
-def _postgres_cache_root() -> Path:
-    """The directory PostgreSQL is copied into, made if missing and checked for safety."""
+def _only_root_writes(info: os.stat_result) -> bool:
+    """Owned by us (root) or root, and writable by nobody else (a sticky directory, such
+    as /tmp, counts as safe: others may add to it but not rename or delete our entries)."""
+    if info.st_uid not in (0, os.geteuid()):
+        return False
+    if stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX:
+        return True
+    return not info.st_mode & 0o022
+
+
+def _make_dirs(path: Path) -> None:
+    """Create ``path`` and missing parents as mode 0755 whatever the umask (made 0700
+    first, so that no other user ever finds them writable)."""
+    missing: list[Path] = []
+    for directory in (path, *path.parents):
+        if directory.exists():
+            break
+        missing.append(directory)
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o700)
+            directory.chmod(0o755)
+
+
+def _postgres_cache_root(owner: tuple[int, int]) -> Path:
+    """The directory PostgreSQL is copied into: made if missing, resolved once, checked.
+
+    Root runs what it copies here as the PostgreSQL user, so no other user may be able
+    to change it: the directory and every directory above it must be root's and writable
+    by nobody else (sticky ones excepted), and the PostgreSQL user must be able to enter.
+    """
     configured = os.environ.get(POSTGRES_CACHE_ENV)
     if configured:
-        root = Path(configured)
+        root = Path(configured).absolute()
     else:
         base = "/var/tmp" if os.path.isdir("/var/tmp") else tempfile.gettempdir()  # noqa: S108
         root = Path(base) / "asynclock-postgres"
     try:
-        root.mkdir(parents=True)
-    except FileExistsError:
-        pass
+        _make_dirs(root)
     except OSError as exc:
         raise ServerUnavailable(
             f"cannot create {root} for a copy of PostgreSQL ({exc}); set {POSTGRES_CACHE_ENV} "
             "to a directory root can create and every user can enter"
         ) from exc
-    else:
-        root.chmod(0o755)  # whatever the umask: the user PostgreSQL runs as must enter it
-    info = os.lstat(root)
-    # Root runs (as another user) what it finds here: nobody else may have put it there.
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+    resolved = root.resolve()  # used from here on: no symlink in the path can move it
+    for directory in (resolved, *resolved.parents):
+        info = os.lstat(directory)
+        if not stat.S_ISDIR(info.st_mode) or not _only_root_writes(info):
+            raise ServerUnavailable(
+                f"{directory} can be changed by users other than root, so a copy of "
+                f"PostgreSQL in {root} cannot be trusted; set {POSTGRES_CACHE_ENV} to a "
+                "directory that only root can write to, in directories only root can write to"
+            )
+    if not _reachable_by(resolved, owner):
         raise ServerUnavailable(
-            f"{root} is not a directory that only uid {os.geteuid()} can write to, so a copy "
-            f"of PostgreSQL there cannot be trusted; remove it, or set {POSTGRES_CACHE_ENV} "
-            "to such a directory"
+            f"PostgreSQL runs as {_user_name(owner)} (we are root), who cannot enter "
+            f"{resolved}: set {POSTGRES_CACHE_ENV} to a directory every user can enter "
+            "(such as /var/tmp/asynclock-postgres)"
         )
-    return root
+    return resolved
 
 
-@functools.cache
-def _file_digest(path: Path, size: int, mtime_ns: int) -> str:
-    # size and mtime are part of the key so that a reinstalled binary is hashed again.
-    del size, mtime_ns
+def _file_digest(path: Path, salt: str) -> str:
+    """A name for a build: the SHA-256 of its ``postgres`` binary and its layout."""
+    digest = hashlib.sha256(salt.encode())
     with open(path, "rb") as binary:
-        return hashlib.file_digest(binary, "sha256").hexdigest()[:16]
+        hashlib.file_digest(binary, lambda: digest)
+    return digest.hexdigest()[:16]
 
 
 def _copy_layout(install: Path) -> list[tuple[Path, Path]]:
@@ -1025,14 +1066,35 @@ def _copy_layout(install: Path) -> list[tuple[Path, Path]]:
     return layout
 
 
-def _copy_install(install: Path, entry: Path) -> None:
+def _copied_bindir(install: Path) -> Path:
+    """Where the copy of ``install``'s bin/ lies, relative to the copy's root."""
+    return Path(install.parent.name) / install.name / "bin"
+
+
+def _run_version(binary: Path, owner: tuple[int, int]) -> subprocess.CompletedProcess[str]:
+    # As the PostgreSQL user, never as root: nothing under the cache runs as root.
+    return subprocess.run(  # noqa: S603 - our own argv, no shell
+        [str(binary), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+        env=_postgres_env(),
+        cwd="/",
+        user=owner[0],
+        group=owner[1],
+        extra_groups=[],
+    )
+
+
+def _copy_install(install: Path, entry: Path, owner: tuple[int, int]) -> None:
     """Copy ``install`` (see :func:`_copy_layout`) to ``entry``, readable by every user.
 
-    The copy is made beside ``entry``, tried, and renamed into place, so a process that
-    finds ``entry`` finds it whole and working, and of two processes copying at once one
-    copy wins.
+    The copy is made beside ``entry``, tried (as the PostgreSQL user), and renamed into
+    place, so a process that finds ``entry`` finds it whole and working, and of two
+    processes copying at once one copy wins.
     """
-    staging = Path(tempfile.mkdtemp(prefix=".copying-", dir=entry.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING}{os.getpid()}-", dir=entry.parent))
     try:
         for source, relative in _copy_layout(install):
             shutil.copytree(source, staging / relative, symlinks=True)
@@ -1048,13 +1110,7 @@ def _copy_install(install: Path, entry: Path) -> None:
         _write_manifest(staging)
         bindir = staging / _copied_bindir(install)
         for tool in ("initdb", "postgres"):
-            result = subprocess.run(  # noqa: S603 - our own argv, no shell
-                [str(bindir / tool), "--version"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=False,
-            )
+            result = _run_version(bindir / tool, owner)
             if result.returncode != 0:
                 raise ServerUnavailable(
                     f"a copy of {install} does not run ({tool} --version: "
@@ -1070,11 +1126,8 @@ def _copy_install(install: Path, entry: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-_MANIFEST = "manifest.txt"
-
-
-def _file_sizes(root: Path) -> dict[str, int]:
-    """Relative path -> size of every file under ``root`` (a symlink counts as -1)."""
+def _tree(root: Path) -> dict[str, int]:
+    """Relative path -> size of every file under ``root``; a symlink counts as -1."""
     sizes: dict[str, int] = {}
     for folder, _dirs, files in os.walk(root):
         for name in files:
@@ -1085,36 +1138,50 @@ def _file_sizes(root: Path) -> dict[str, int]:
 
 
 def _write_manifest(root: Path) -> None:
-    lines = [f"{size}\t{path}" for path, size in sorted(_file_sizes(root).items())]
+    lines = [f"{size}\t{path}" for path, size in sorted(_tree(root).items())]
     (root / _MANIFEST).write_text("\n".join(lines) + "\n")
     (root / _MANIFEST).chmod(0o644)
 
 
-def _copy_is_whole(entry: Path) -> bool:
-    """Whether every file the copy was made with is still there, at its size.
+def _copy_is_sound(entry: Path) -> bool:
+    """Whether ``entry`` is a copy this code made and nobody changed since: every
+    directory and file root's and writable by root alone, symlinks staying inside, and
+    exactly the files of its manifest, at their sizes.
 
     A copy lives for long in a shared temporary directory, where cleaners (such as
-    systemd-tmpfiles) delete files nobody used for weeks: a library or data file gone
-    missing would make PostgreSQL fail in ways that name neither the copy nor the fix.
+    systemd-tmpfiles) delete files nobody used for weeks, and where a cache that was once
+    writable by others may hold what they planted.
     """
     try:
-        lines = (entry / _MANIFEST).read_text().splitlines()
-        for line in lines:
+        expected: dict[str, int] = {}
+        manifest = entry / _MANIFEST
+        if manifest.is_symlink() or not _only_root_writes(manifest.lstat()):
+            return False
+        for line in manifest.read_text().splitlines():
             size, path = line.split("\t", 1)
-            target = entry / path
-            if int(size) == -1:
-                if not target.is_symlink():
+            expected[path] = int(size)
+        inside = entry.resolve()
+        for folder, dirs, files in os.walk(entry):
+            for name in (folder, *(os.path.join(folder, d) for d in dirs)):
+                if not _only_root_writes(os.lstat(name)):
                     return False
-            elif target.is_symlink() or target.stat().st_size != int(size):
-                return False
+            for name in files:
+                path = os.path.join(folder, name)
+                info = os.lstat(path)
+                if not _only_root_writes(info) and not stat.S_ISLNK(info.st_mode):
+                    return False
+                if stat.S_ISLNK(info.st_mode) and not Path(path).resolve().is_relative_to(inside):
+                    return False
+        actual = _tree(entry)
+        actual.pop(_MANIFEST, None)
     except (OSError, ValueError):
         return False
-    return bool(lines)
+    return bool(expected) and actual == expected
 
 
 def _discard(entry: Path) -> None:
     """Move a broken copy out of the way (atomically), then delete it."""
-    doomed = entry.parent / f".discarded-{os.getpid()}-{time.monotonic_ns()}"
+    doomed = entry.parent / f"{_DISCARDED}{os.getpid()}-{time.monotonic_ns()}"
     try:
         entry.rename(doomed)
     except FileNotFoundError:
@@ -1122,21 +1189,30 @@ def _discard(entry: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-_LEFTOVER_AGE = 3600.0
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _remove_leftovers(root: Path) -> None:
-    """Delete half-made or discarded copies that a killed process left over an hour ago."""
-    for pattern in (".copying-*", ".discarded-*"):
-        for leftover in root.glob(pattern):
-            with contextlib.suppress(OSError):
-                if time.time() - leftover.lstat().st_mtime > _LEFTOVER_AGE:
-                    shutil.rmtree(leftover)
-
-
-def _copied_bindir(install: Path) -> Path:
-    """Where the copy of ``install``'s bin/ lies, relative to the copy's root."""
-    return Path(install.parent.name) / install.name / "bin"
+    """Delete half-made or discarded copies whose process died (or, if the name does
+    not say, that are over an hour old)."""
+    for leftover in [*root.glob(f"{_STAGING}*"), *root.glob(f"{_DISCARDED}*")]:
+        name = leftover.name.split("-")
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(name[1]) if name[1].isdigit() else None
+            gone = (
+                not _pid_alive(pid)
+                if pid is not None and pid != os.getpid()
+                else time.time() - leftover.lstat().st_mtime > _LEFTOVER_AGE
+            )
+            if gone:
+                shutil.rmtree(leftover)
 
 
 def _bindir_for(bindir: str, owner: tuple[int, int] | None) -> str:
@@ -1146,11 +1222,12 @@ def _bindir_for(bindir: str, owner: tuple[int, int] | None) -> str:
     private directory (a virtual environment under ``/root``, or any folder of mode 0700).
     Then the installation (see :func:`_copy_layout`) is copied once per PostgreSQL build
     into ``$ASYNCLOCK_POSTGRES_CACHE`` (default ``/var/tmp/asynclock-postgres``) and reused
-    by every later start. The user's own directories are never opened up.
+    by every later start. The user's own directories are never opened up, and nothing in
+    the cache ever runs as root.
 
     Raises:
-        ServerUnavailable: the installation cannot be copied, or its copy is unreachable
-            too; the message names what to set.
+        ServerUnavailable: the installation cannot be copied, the cache cannot be trusted,
+            or its copy is unreachable too; the message names what to set.
     """
     if owner is None:
         return bindir
@@ -1166,24 +1243,23 @@ def _bindir_for(bindir: str, owner: tuple[int, int] | None) -> str:
             f"copied: make {bindir} reachable for {user}, set {POSTGRES_USER_ENV} to a user "
             f"who can reach it, or set {POSTGRES_DSN_ENV} to a server of your own"
         )
-    postgres = install / "bin" / "postgres"
-    info = postgres.stat()
-    version = _postgres_version(str(install / "bin"))[1]
-    digest = _file_digest(postgres, info.st_size, info.st_mtime_ns)
+    version = _postgres_version(str(install / "bin"))[1]  # the installed build, as root
+    digest = _file_digest(install / "bin" / "postgres", str(_copied_bindir(install)))
     with _COPY_LOCK:
-        root = _postgres_cache_root()
+        root = _postgres_cache_root(owner)
         entry = root / f"postgresql-{version}-{digest}"
-        if not _copy_is_whole(entry):
-            _remove_leftovers(root)
+        _remove_leftovers(root)
+        if not _copy_is_sound(entry):
             try:
-                if entry.exists():
+                if entry.exists() or entry.is_symlink():
                     _discard(entry)
-                _copy_install(install, entry)
+                _copy_install(install, entry, owner)
             except OSError as exc:
                 raise ServerUnavailable(
                     f"PostgreSQL runs as {user} (we are root), who cannot reach {bindir}; "
-                    f"copying it to {entry} failed ({exc}): set {POSTGRES_CACHE_ENV} to a "
-                    "directory with room that root can write to and every user can enter"
+                    f"copying it to {entry} failed ({_first_error(exc)}): set "
+                    f"{POSTGRES_CACHE_ENV} to a directory with room that root can write to "
+                    "and every user can enter"
                 ) from exc
     copied = entry / _copied_bindir(install)
     if not all(_reachable_by(copied / tool, owner, execute=True) for tool in tools):
@@ -1193,6 +1269,17 @@ def _bindir_for(bindir: str, owner: tuple[int, int] | None) -> str:
             "(such as /var/tmp/asynclock-postgres)"
         )
     return str(copied)
+
+
+def _first_error(exc: OSError) -> str:
+    """One line for a failed copy: shutil.Error lists every file that failed."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list):
+        failures = exc.args[0]
+        if failures:
+            source, _, why = failures[0]
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            return f"{source}: {why}{more}"
+    return str(exc)
 
 
 def _check_tempdir(owner: tuple[int, int] | None) -> None:
@@ -1218,7 +1305,7 @@ def _postgres_env() -> dict[str, str]:
     return env
 
 
-def _postgres_template(bindir: str, owner: tuple[int, int] | None) -> Path:
+def _postgres_template(bindir: str, major: int, owner: tuple[int, int] | None) -> Path:
     key = (bindir, owner[0] if owner is not None else None)
     with _TEMPLATES_LOCK:
         template = _TEMPLATES.get(key)
@@ -1240,7 +1327,7 @@ def _postgres_template(bindir: str, owner: tuple[int, int] | None) -> Path:
             "--no-sync",
             "--no-instructions",
         ]
-        if postgres_major_version(bindir) >= 18:
+        if major >= 18:
             args.append("--no-data-checksums")  # on by default since 18; only costs here
         result = subprocess.run(  # noqa: S603 - our own argv, no shell
             args,
@@ -1300,8 +1387,8 @@ class PostgresServer(_LocalServer):
         # Each may raise: ask before the temporary directory exists.
         owner = _run_as()
         _check_tempdir(owner)
+        major_version = postgres_major_version(bindir)  # the build as given, not a copy
         bindir = _bindir_for(bindir, owner)
-        major_version = postgres_major_version(bindir)
         super().__init__(port, extra_args)
         self.bindir = bindir
         """The PostgreSQL bin directory used (as root, perhaps a copy of the one given)."""
@@ -1349,7 +1436,7 @@ class PostgresServer(_LocalServer):
         return server
 
     def _make_cluster(self) -> None:
-        template = _postgres_template(self.bindir, self._owner)
+        template = _postgres_template(self.bindir, self.major_version, self._owner)
         shutil.copytree(template, self.data_dir, symlinks=True)
         self.socket_dir.mkdir()
         # The postmaster needs to enter tmpdir (cwd) and own data and socket directories.
