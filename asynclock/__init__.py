@@ -15,6 +15,7 @@ from ._coordinator import connect as connect
 from ._election import Election as Election
 from ._election import Term as Term
 from ._errors import BackendError as BackendError
+from ._errors import CoordinatorClosed as CoordinatorClosed
 from ._errors import LeadershipLost as LeadershipLost
 from ._errors import LockError as LockError
 from ._errors import LockLost as LockLost
@@ -33,6 +34,7 @@ __all__ = (
     "BackendError",
     "Backoff",
     "Coordinator",
+    "CoordinatorClosed",
     "CoordinatorStats",
     "Election",
     "LatencySummary",

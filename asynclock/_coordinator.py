@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from . import _decorators
 from ._backoff import Backoff
 from ._election import Election, check_election, default_identity
-from ._errors import BackendError
+from ._errors import BackendError, CoordinatorClosed
 from ._lock import Lease, Lock, ReadWriteLock
 from ._stats import CoordinatorStats, Recorder
 from ._validate import check_name, check_timeout, check_ttl
@@ -309,7 +309,7 @@ class Coordinator:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("this Coordinator is closed")
+            raise CoordinatorClosed("this Coordinator is closed")
 
     def _hold(self, lease: Lease, start: float) -> None:
         self._held[lease] = None

@@ -7,6 +7,7 @@ from typing import Literal
 
 __all__ = (
     "BackendError",
+    "CoordinatorClosed",
     "LeadershipLost",
     "LockError",
     "LockLost",
@@ -55,6 +56,14 @@ class BackendError(LockError):
 
 class QuorumError(BackendError):
     """Redlock could not reach a majority of its nodes in time."""
+
+
+class CoordinatorClosed(LockError, RuntimeError):
+    """The coordinator was closed (``aclose()``) before or while it was used.
+
+    A shutdown, not an outage: not a :class:`BackendError`, so code that retries backend
+    errors stops instead. Also a ``RuntimeError``, as using a closed object is.
+    """
 
 
 class map_backend_errors:

@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ._backoff import Backoff
-from ._errors import BackendError, LockLost, LockNotOwned, LockTimeout
+from ._errors import BackendError, CoordinatorClosed, LockLost, LockNotOwned, LockTimeout
 from ._validate import check_ttl
 from ._wakeup import WakeSlot
 from .backends.base import Attempt, Claim
@@ -495,7 +495,7 @@ class Lock:
             # timed out, connection reset after the request left): take it back.
             self._coord._discard(claim, self.ttl)
             if isinstance(exc, BackendError) and self._coord.closed:
-                raise RuntimeError("this Coordinator was closed while acquiring") from exc
+                raise CoordinatorClosed("this Coordinator was closed while acquiring") from exc
             raise
 
     # -- async with --------------------------------------------------------------------

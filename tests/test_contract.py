@@ -312,7 +312,7 @@ class TestClose:
         await asyncio.sleep(0.1)
         started = time.monotonic()
         await b.aclose()
-        with pytest.raises(RuntimeError, match="closed"):
+        with pytest.raises(asynclock.CoordinatorClosed, match="closed"):
             await waiter
         assert time.monotonic() - started < 1.0
         assert lease.held

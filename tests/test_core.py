@@ -75,8 +75,13 @@ class TestConnect:
         coord = asynclock.connect("memory://closed")
         await coord.aclose()
         await coord.aclose()
-        with pytest.raises(RuntimeError, match="closed"):
+        with pytest.raises(asynclock.CoordinatorClosed, match="closed") as raised:
             await coord.lock("x").acquire()
+        assert isinstance(raised.value, asynclock.LockError)
+        assert isinstance(raised.value, RuntimeError)  # as before, for callers catching it
+        assert not isinstance(raised.value, asynclock.BackendError)  # shutdown, not outage
+        with pytest.raises(asynclock.CoordinatorClosed):
+            await coord.inspect("x")
         assert "closed" in repr(coord)
 
     async def test_aclose_ends_held_leases(self) -> None:
@@ -114,12 +119,15 @@ class TestConnect:
             "LockNotOwned",
             "BackendError",
             "QuorumError",
+            "CoordinatorClosed",
         ):
             assert name in asynclock.__all__
             assert getattr(asynclock, name).__module__ == "asynclock"
         assert issubclass(asynclock.LockTimeout, TimeoutError)
         assert issubclass(asynclock.LeadershipLost, asynclock.LockLost)
         assert issubclass(asynclock.QuorumError, asynclock.BackendError)
+        assert issubclass(asynclock.CoordinatorClosed, asynclock.LockError)
+        assert not issubclass(asynclock.CoordinatorClosed, asynclock.BackendError)
 
 
 class TestWakeHub:
