@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import secrets
 import time
 from types import TracebackType
@@ -72,6 +73,7 @@ class Lease:
         "_seq",
         "_state",
         "_task",
+        "_ttl_floor",
         "_valid_until",
         "fence",
         "ttl",
@@ -111,6 +113,8 @@ class Lease:
         # one at a time, so that the last reply is from the request the server ran last.
         self._renewing = False
         self._quiet: asyncio.Event | None = None  # set when none is; made on first need
+        # The smallest TTL of an extend request whose outcome is unknown (see _assume).
+        self._ttl_floor = math.inf
         self._failures = 0
 
     @property
@@ -185,8 +189,7 @@ class Lease:
             self._lose("extend refused: the lock expired or has another holder")
             raise LockNotOwned(f"lease on {self.name!r} is no longer held; not extended")
         self.ttl = new_ttl
-        self._interval = new_ttl / 3
-        self._valid_until = start + new_ttl - backend.drift(new_ttl)
+        self._confirmed(start, new_ttl)
         self._coord._watchdog.reschedule(self, start + self._interval)
 
     def _begin_request(self) -> None:
@@ -203,9 +206,25 @@ class Lease:
 
     def _assume(self, start: float, ttl: float) -> None:
         """A request for ``ttl`` sent at ``start`` may have run on the server, unconfirmed:
-        never believe the lease lasts longer than that request would have left it."""
+        never believe the lease lasts longer than that request would have left it.
+
+        Nor later: a request whose reply was lost may still reach the server after the
+        next one was confirmed (sent on a connection that then broke, held by a proxy),
+        and the server then keeps at least ``ttl`` from after the confirmed request ran.
+        So from now on a confirmed request counts for at most this ``ttl``
+        (:meth:`_confirmed`): a lost shorter ``extend()`` makes the lease behave as if
+        that shorter TTL had been set, renewed as often as it needs.
+        """
         drift = self._coord.backend.drift(ttl)
         self._valid_until = min(self._valid_until, start + ttl - drift)
+        self._ttl_floor = min(self._ttl_floor, ttl)
+
+    def _confirmed(self, start: float, ttl: float) -> None:
+        """The server confirmed a request for ``ttl`` sent at ``start`` (the last to run
+        of those this lease has confirmed, as one is in flight at a time)."""
+        effective = min(ttl, self._ttl_floor)
+        self._valid_until = start + effective - self._coord.backend.drift(effective)
+        self._interval = effective / 3
 
     async def release(self) -> None:
         """Release the lock: delete it on the server if this lease still holds it.

@@ -189,8 +189,8 @@ class Watchdog:
             if extended:
                 self.renewals += 1
                 lease._failures = 0
-                lease._valid_until = start + ttl - backend.drift(ttl)
-                self._push(lease, start + ttl / 3)
+                lease._confirmed(start, ttl)
+                self._push(lease, start + lease._interval)
             elif extended is False:
                 lease._lose("renewal refused: the lock expired or has another holder")
             else:

@@ -71,6 +71,14 @@ class GatedMemory(MemoryBackend):
         await ManualClock.settle()
         return request.ttl
 
+    async def lose_reply_run_later(self) -> Callable[[], Awaitable[bool]]:
+        """The oldest request's caller hears nothing (a reset) while the request itself
+        is still on its way (held by a proxy, say): returns what runs it on the server."""
+        request = self.in_flight.pop(0)
+        request.reply.set_exception(BackendError("connection reset: reply lost"))
+        await ManualClock.settle()
+        return request.run
+
     async def refuse_next(self) -> None:
         """Fail the oldest waiting request before it reaches the server."""
         request = self.in_flight.pop(0)
@@ -172,6 +180,40 @@ class TestRenewalRacingExtend:
         assert lease.held
         await assert_not_beyond_the_server(coord, lease)
         assert lease.expires_in <= 1.0
+
+    @pytest.mark.parametrize(
+        ("ttl", "late_ttl"), [(10.0, 0.8), (0.3, 0.3)], ids=["shorter", "same"]
+    )
+    async def test_a_request_that_lands_after_a_later_one_never_overstates(
+        self,
+        coord: asynclock.Coordinator,
+        backend: GatedMemory,
+        clock: ManualClock,
+        ttl: float,
+        late_ttl: float,
+    ) -> None:
+        """extend(late_ttl) loses its reply and reaches the server only after the next
+        renewal was confirmed on another connection: the lease must never believe more
+        than the server keeps, then or at any later renewal."""
+        lease = await coord.lock("late", ttl=ttl).acquire()
+        backend.gated = True
+        extending = asyncio.create_task(lease.extend(late_ttl))
+        await ManualClock.settle()
+        run_late = await backend.lose_reply_run_later()
+        with pytest.raises(BackendError):
+            await extending
+        await clock.advance(0.05)  # the watchdog retries: a renewal at the lease's ttl
+        assert [request.ttl for request in backend.in_flight] == [ttl]
+        await backend.let_through()
+        await clock.advance(0.01)
+        await run_late()  # the lost extend lands now, after the confirmed renewal
+        await assert_not_beyond_the_server(coord, lease)
+        backend.gated = False
+        for _ in range(20):  # and at every renewal from now on
+            await clock.advance(late_ttl / 4)
+            assert lease.held
+            await assert_not_beyond_the_server(coord, lease)
+        await lease.release()
 
     async def test_a_failed_extend_leaves_the_lease_renewed(
         self, coord: asynclock.Coordinator, backend: GatedMemory, clock: ManualClock
