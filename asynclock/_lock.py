@@ -414,6 +414,12 @@ class Lock:
         if attempt.start is not None:
             start = attempt.start
         assert attempt.fence is not None
+        if coord.closed:
+            # Granted while the coordinator closed: no lease may outlive aclose(). Give
+            # the grant back (the TTL ends it if the closed backend cannot).
+            coord._discard(claim, self.ttl)
+            recorder.failed(self.name, CoordinatorClosed("closed while acquiring"))
+            raise CoordinatorClosed(f"this Coordinator was closed while acquiring {self.name!r}")
         lease = Lease(
             coord,
             claim,

@@ -60,6 +60,7 @@ class Watchdog:
         self._timer_at = float("inf")
         self._live = 0
         self._firing = False
+        self._closed = False
         self.renewals = 0
         self.batches = 0
 
@@ -92,7 +93,8 @@ class Watchdog:
             heapq.heapify(heap)
 
     def close(self) -> None:
-        """Stop the timer; leases still held are the coordinator's to end."""
+        """Stop the timer for good; leases still held are the coordinator's to end."""
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -107,6 +109,8 @@ class Watchdog:
             self._arm(when)
 
     def _arm(self, when: float) -> None:
+        if self._closed:
+            return  # nothing is renewed after close(), whatever is pushed
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = when

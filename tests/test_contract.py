@@ -318,6 +318,26 @@ class TestClose:
         assert lease.held
         await lease.release()
 
+    async def test_an_acquire_in_flight_at_close_leaves_nothing(
+        self, make_coord: MakeCoord
+    ) -> None:
+        """aclose() while an acquire is on its way: the acquire raises CoordinatorClosed
+        (or, where it had finished, its lease is ended), nothing is renewed, and the
+        server frees the name by the TTL at the latest."""
+        a, observer = make_coord(), make_coord()
+        acquiring = asyncio.create_task(a.lock("in-flight", ttl=1.0).acquire())
+        await asyncio.sleep(0)
+        await a.aclose()
+        try:
+            lease = await acquiring
+        except asynclock.CoordinatorClosed:
+            pass
+        else:
+            assert not lease.held
+        assert a.held == []
+        await asyncio.sleep(1.3)  # past the TTL: a lease renewed behind our back survives
+        assert not await observer.is_locked("in-flight")
+
 
 class TestBadInput:
     @pytest.mark.parametrize("ttl", [0, -1, -0.5, math.nan, math.inf, -math.inf, 0.0001])

@@ -206,7 +206,11 @@ class Pipe:
         async with self._connecting:
             proto = self.ready()
             if proto is None:
-                proto = self._proto = await self._connect()
+                proto = await self._connect()
+                if self.closed:  # closed while connecting: this socket must not live on
+                    proto.abort(RedisConnectionError("the coordinator was closed"))
+                    raise RedisConnectionError("the coordinator was closed")
+                self._proto = proto
             return proto
 
     async def _connect(self) -> _Protocol:
@@ -268,6 +272,11 @@ class Pipe:
     def request(self, proto: _Protocol, data: bytes, callback: Callback) -> None:
         """Send packed ``data`` on ``proto`` (from :meth:`ready`); no waiting here."""
         proto.request(data, callback)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`aclose` was called."""
+        return self._closed
 
     async def aclose(self) -> None:
         self._closed = True
