@@ -180,6 +180,23 @@ class TestFrozenServer:
                 assert time.monotonic() - started < 0.5 + 0.2  # T, not 1.5 T
                 proxy.heal()
 
+    async def test_a_request_sent_again_keeps_its_first_deadline(
+        self, asynclock_redis_url: str
+    ) -> None:
+        """A request on an idle connection that the server had dropped is sent once more
+        on a new one; it still ends by the socket timeout counted from the first send."""
+        async with FaultProxy.from_url(asynclock_redis_url) as proxy:
+            url = proxy.url_for(asynclock_redis_url)
+            async with asynclock.connect(url, prefix="again", socket_timeout=1.0) as coord:
+                assert not await coord.is_locked("x")  # connected, then idle
+                proxy.blackhole()
+                proxy.schedule([(0.9, "reset")])  # dropped before any reply: sent again
+                started = time.monotonic()
+                with pytest.raises(BackendError, match=r"within 1s"):
+                    await asyncio.wait_for(coord.is_locked("x"), 5.0)
+                assert time.monotonic() - started < 1.0 + 0.2
+                proxy.heal()
+
     @pytest.mark.parametrize("how", ["timed out", "cancelled"])
     async def test_an_abandoned_connect_closes_its_socket(
         self, asynclock_redis_url: str, how: str

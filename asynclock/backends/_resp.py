@@ -264,10 +264,21 @@ class Pipe:
         been dropped while idle (:class:`StaleConnection`).
         """
         proto = self.ready() or await self.protocol()
+        sent = time.monotonic()
         try:
             return await self._send(proto, args)
         except StaleConnection:
-            return await self._send(await self.protocol(), args)
+            if self._timeout is None:
+                return await self._send(await self.protocol(), args)
+            # Sent once more, but still due by the first send's deadline: a request ends
+            # within the socket timeout, not within two of them.
+            try:
+                async with asyncio.timeout(max(0.0, sent + self._timeout - time.monotonic())):
+                    return await self._send(await self.protocol(), args)
+            except TimeoutError as exc:
+                raise RedisTimeoutError(
+                    f"no reply from {self._where()} within {self._timeout:g}s"
+                ) from exc
 
     def request(self, proto: _Protocol, data: bytes, callback: Callback) -> None:
         """Send packed ``data`` on ``proto`` (from :meth:`ready`); no waiting here."""
