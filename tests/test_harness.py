@@ -463,6 +463,35 @@ class TestPostgresFromAPrivateFolder:
             PostgresServer.start(bindir=str(private_bindir))
 
     @_root_only
+    @pytest.mark.parametrize("how", ["another user's symlink", "a sticky folder for all"])
+    def test_a_cache_others_could_fill_is_refused(
+        self,
+        private_bindir: Path,
+        public_folder: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        how: str,
+    ) -> None:
+        """The cache may not be a symlink another user planted (in a sticky folder such as
+        /var/tmp), nor a folder where others may add entries (sticky is not enough)."""
+        sticky = public_folder / "sticky"
+        sticky.mkdir()
+        sticky.chmod(0o1777)
+        if how == "another user's symlink":
+            target = public_folder / "target"
+            target.mkdir()
+            link = sticky / "cache"
+            link.symlink_to(target)
+            nobody = pwd.getpwnam("nobody")
+            os.lchown(link, nobody.pw_uid, nobody.pw_gid)
+            monkeypatch.setenv(POSTGRES_CACHE_ENV, str(link))
+            message = "another user's symlink"
+        else:
+            monkeypatch.setenv(POSTGRES_CACHE_ENV, str(sticky))
+            message = "writable by others"
+        with pytest.raises(ServerUnavailable, match=f"{message}.*{POSTGRES_CACHE_ENV}"):
+            PostgresServer.start(bindir=str(private_bindir))
+
+    @_root_only
     def test_a_relative_cache_path_is_taken_from_where_it_was_given(
         self, private_bindir: Path, public_folder: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:

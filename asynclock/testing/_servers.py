@@ -1019,14 +1019,27 @@ def _postgres_cache_root(owner: tuple[int, int]) -> Path:
             f"cannot create {root} for a copy of PostgreSQL ({exc}); set {POSTGRES_CACHE_ENV} "
             "to a directory root can create and every user can enter"
         ) from exc
+    untrusted = (
+        f"so a copy of PostgreSQL in {root} cannot be trusted; set {POSTGRES_CACHE_ENV} to "
+        "a directory only root can write to, in directories only root can write to"
+    )
+    # The path as written: a symlink on it must be root's (its folder is checked too, as
+    # a component of the path), or whoever planted it decides where the cache is.
+    for component in (root, *root.parents):
+        info = os.lstat(component)
+        if stat.S_ISLNK(info.st_mode) and info.st_uid not in (0, os.geteuid()):
+            raise ServerUnavailable(f"{component} is another user's symlink, {untrusted}")
     resolved = root.resolve()  # used from here on: no symlink in the path can move it
+    info = os.lstat(resolved)
+    # The cache itself must be root's alone: sticky is not enough here (others could add
+    # entries), only for the folders above it.
+    if not stat.S_ISDIR(info.st_mode) or info.st_mode & (0o022 | stat.S_ISVTX):
+        raise ServerUnavailable(f"{resolved} is writable by others, {untrusted}")
     for directory in (resolved, *resolved.parents):
         info = os.lstat(directory)
         if not stat.S_ISDIR(info.st_mode) or not _only_root_writes(info):
             raise ServerUnavailable(
-                f"{directory} can be changed by users other than root, so a copy of "
-                f"PostgreSQL in {root} cannot be trusted; set {POSTGRES_CACHE_ENV} to a "
-                "directory that only root can write to, in directories only root can write to"
+                f"{directory} can be changed by users other than root, {untrusted}"
             )
     if not _reachable_by(resolved, owner):
         raise ServerUnavailable(
@@ -1120,7 +1133,9 @@ def _copy_install(install: Path, entry: Path, owner: tuple[int, int]) -> None:
         try:
             staging.rename(entry)
         except OSError:
-            if not entry.is_dir():  # not "another process was first": a real failure
+            # Another process was first, or this is a real failure: use what is there
+            # only if it is a copy nobody else could have changed.
+            if not _copy_is_sound(entry):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
