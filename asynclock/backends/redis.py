@@ -1523,7 +1523,19 @@ class _ShardedSubscriber:
             await subscriber.aclose()
 
 
+# Closes started by _close_soon, kept referenced until they finish (the event loop keeps
+# only weak references to tasks: an unreferenced one can be collected mid-way).
+_CLOSING: set[asyncio.Task[None]] = set()
+
+
+def _closed_soon(task: asyncio.Task[None]) -> None:
+    _CLOSING.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: a failed close of a broken connection is expected
+
+
 def _close_soon(conn: AbstractConnection) -> None:
     """Close a broken connection without waiting for it (from sync code or a reader)."""
     task = asyncio.ensure_future(conn.disconnect(nowait=True))
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    _CLOSING.add(task)
+    task.add_done_callback(_closed_soon)
