@@ -4,6 +4,7 @@ watchdog, the background clean-ups and the backend."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
@@ -77,6 +78,10 @@ class Coordinator:
         self._recorder = Recorder(type(backend).__name__, telemetry)
         self._watchdog = Watchdog(backend, self._spawn, self._recorder)
         self._closed = False
+        # Acquires on their way: aclose() lets them give back what they were granted
+        # before it closes the backend.
+        self._in_flight = 0
+        self._drained: asyncio.Event | None = None
 
     @property
     def backend(self) -> Backend:
@@ -281,6 +286,14 @@ class Coordinator:
         for slot in list(self._waiting):
             slot._wake()  # waiting acquires see the coordinator closed and raise
         self._watchdog.close()
+        if self._in_flight and not self._backend.native_wait:
+            # A request on its way may still be granted: the acquire then gives it back
+            # (a background task, awaited below) while the backend can still send. (A
+            # wait in the server's own queue ends with its session, which closing ends.)
+            self._drained = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_CLOSE_TIMEOUT):
+                    await self._drained.wait()
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=_CLOSE_TIMEOUT)
             for task in pending:
@@ -306,6 +319,11 @@ class Coordinator:
         return f"<Coordinator {self._backend.describe()} identity={self.identity!r} {state}>"
 
     # -- for Lock, Lease and Watchdog --------------------------------------------------
+
+    def _acquire_ended(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._drained is not None:
+            self._drained.set()
 
     def _check_open(self) -> None:
         if self._closed:

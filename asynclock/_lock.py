@@ -160,6 +160,8 @@ class Lease:
         new_ttl = self.ttl if ttl is None else check_ttl(ttl)
         if self._state is not _HELD:
             raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; cannot extend")
+        if self._ttl_floor == 0.0:
+            raise LockNotOwned(f"lease on {self.name!r} has a release pending; cannot extend")
         while self._renewing:
             if self._quiet is None:
                 self._quiet = asyncio.Event()
@@ -253,14 +255,20 @@ class Lease:
 
     async def _release_once(self) -> bool:
         coord = self._coord
+        sent = coord.backend.clock.now()
         try:
             released = await coord.backend.release(self._claim)
         except BaseException:
-            # Unconfirmed: keep the token and the HELD state, stop renewing, and let the
-            # background clean-up finish the job (it marks the lease released).
-            if self._state is _HELD and self._renew:
+            # Unconfirmed: keep the token and the HELD state ("release pending"), stop
+            # renewing, and let the background clean-up finish the job (it marks the
+            # lease released). The release may have run already: like an extend to 0 of
+            # unknown outcome, it leaves no validity from the moment it left, for good.
+            if self._state is _HELD:
+                deadline = self._valid_until
                 self._renew = False
-                coord._watchdog.reschedule(self, self._valid_until)
+                self._assume(sent, 0.0)
+                # Lost at its old deadline if the clean-up never hears back.
+                coord._watchdog.expire_at(self, deadline)
             coord._discard(self._claim, self.ttl, self)
             raise
         if released:
@@ -406,19 +414,26 @@ class Lock:
         )
         began = time.perf_counter()
         recorder.started()
+        coord._in_flight += 1  # aclose() waits for these before closing the backend
         try:
-            attempt, start = await self._grant(claim)
+            return self._lease(claim, *await self._grant(claim), began)
         except BaseException as exc:
             recorder.failed(self.name, exc)
             raise
+        finally:
+            coord._acquire_ended()
+
+    def _lease(self, claim: Claim, attempt: Attempt, start: float, began: float) -> Lease:
+        """The lease for a grant (no await between the grant and the caller holding it)."""
+        coord = self._coord
+        recorder = coord._recorder
         if attempt.start is not None:
             start = attempt.start
         assert attempt.fence is not None
         if coord.closed:
             # Granted while the coordinator closed: no lease may outlive aclose(). Give
-            # the grant back (the TTL ends it if the closed backend cannot).
+            # the grant back (aclose() waits for that before closing the backend).
             coord._discard(claim, self.ttl)
-            recorder.failed(self.name, CoordinatorClosed("closed while acquiring"))
             raise CoordinatorClosed(f"this Coordinator was closed while acquiring {self.name!r}")
         lease = Lease(
             coord,

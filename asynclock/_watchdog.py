@@ -80,6 +80,10 @@ class Watchdog:
         """Replace the lease's next action (after a manual extend)."""
         self._push(lease, when if lease._renew else lease._valid_until)
 
+    def expire_at(self, lease: Lease, when: float) -> None:
+        """Replace the lease's next action by its loss at ``when`` (a release pending)."""
+        self._push(lease, when)
+
     def forget(self, lease: Lease) -> None:
         """The lease left the HELD state: drop it from the schedule."""
         if lease._seq < 0:

@@ -197,6 +197,55 @@ class TestFrozenServer:
                 assert time.monotonic() - started < 1.0 + 0.2
                 proxy.heal()
 
+    async def test_an_unconfirmed_release_leaves_no_validity(
+        self, asynclock_redis_url: str
+    ) -> None:
+        """A release whose reply does not come in time may have run: the lease keeps its
+        token ("release pending", held) but no validity, and cannot be extended, while
+        another coordinator may already hold the name."""
+        async with FaultProxy.from_url(asynclock_redis_url) as proxy:
+            url = proxy.url_for(asynclock_redis_url)
+            async with (
+                asynclock.connect(url, prefix="unconf") as coord,
+                asynclock.connect(asynclock_redis_url, prefix="unconf") as other,
+            ):
+                lease = await coord.lock("r", ttl=30).acquire()
+                proxy.set_latency(0.5)
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.1):
+                        await lease.release()
+                assert lease.held  # its token is kept: the release goes on
+                assert lease.expires_in == 0.0
+                with pytest.raises(asynclock.LockNotOwned, match="release pending"):
+                    await lease.extend()
+                taken = await other.lock("r", ttl=30, timeout=3).acquire()  # once it lands
+                assert lease.expires_in == 0.0
+                proxy.heal()
+                assert await eventually(lambda: not lease.held)
+                await taken.release()
+
+    async def test_aclose_gives_back_a_grant_still_on_its_way(
+        self, asynclock_redis_url: str
+    ) -> None:
+        """aclose() while an acquire's request is on its way: the grant that comes back
+        is released before aclose() returns, not left to its TTL."""
+        async with (
+            FaultProxy.from_url(asynclock_redis_url) as proxy,
+            asynclock.connect(asynclock_redis_url, prefix="inflight") as observer,
+        ):
+            coord = asynclock.connect(proxy.url_for(asynclock_redis_url), prefix="inflight")
+            async with coord.lock("k", ttl=30):  # scripts loaded, connection up
+                pass
+            proxy.set_latency(0.2)
+            acquiring = asyncio.create_task(coord.lock("k", ttl=30).acquire())
+            await asyncio.sleep(0.05)
+            await coord.aclose()
+            with pytest.raises(asynclock.CoordinatorClosed):
+                await acquiring
+            await asyncio.sleep(0.5)  # past the time the request takes to land
+            assert not await observer.is_locked("k"), "the grant was left to its 30 s TTL"
+            proxy.heal()
+
     @pytest.mark.parametrize("how", ["timed out", "cancelled"])
     async def test_an_abandoned_connect_closes_its_socket(
         self, asynclock_redis_url: str, how: str
