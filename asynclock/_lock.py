@@ -234,8 +234,10 @@ class Lease:
         Raises :class:`LockNotOwned` when the lease was already released or lost, or the
         server says another holder (or nobody) has the lock; nothing is touched then.
         If the call fails or is cancelled, the lease stays held (``held`` is still true, a
-        later ``release()`` may try again) but is no longer renewed, and the release goes
-        on in the background until the server confirms or the TTL has run out.
+        later ``release()`` may try again) but is no longer renewed and has no validity
+        left (``expires_in`` is 0: the release may already have run), ``extend()`` raises
+        :class:`LockNotOwned`, and the release goes on in the background until the server
+        confirms or the TTL has run out.
         """
         if self._state is not _HELD:
             raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; not released")
