@@ -158,18 +158,16 @@ class Lease:
         if the server could not be reached (the lease stays held; the watchdog retries).
         """
         new_ttl = self.ttl if ttl is None else check_ttl(ttl)
-        if self._state is not _HELD:
-            raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; cannot extend")
-        if self._ttl_floor == 0.0:
-            raise LockNotOwned(f"lease on {self.name!r} has a release pending; cannot extend")
-        while self._renewing:
+        while True:  # checked again after waiting: the lease may have ended meanwhile
+            if self._state is not _HELD:
+                raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; cannot extend")
+            if self._ttl_floor == 0.0:
+                raise LockNotOwned(f"lease on {self.name!r} has a release pending; cannot extend")
+            if not self._renewing:
+                break
             if self._quiet is None:
                 self._quiet = asyncio.Event()
             await self._quiet.wait()
-            if self._state is not _HELD:
-                raise LockNotOwned(
-                    f"lease on {self.name!r} was {self._state.value} while its renewal ran"
-                )
         backend = self._coord.backend
         start = backend.clock.now()
         extended: bool | None = None
