@@ -380,7 +380,9 @@ class RedlockBackend(Backend):
                 mine = [r for r in found if r[0] == value]
                 # Held while a majority holds it: until the quorum-th longest TTL ends.
                 expires_in = sorted((left for _, left, _ in mine), reverse=True)[self.quorum - 1]
-                fence = min(counter for _, _, counter in mine)
+                # The holder's fence is on a majority (the grant waits for that); a node
+                # that granted late may still show an older, smaller counter.
+                fence = sorted((counter for _, _, counter in mine), reverse=True)[self.quorum - 1]
                 return LockInfo(name, owner_of(value), expires_in, fence)
         if failed > len(self._nodes) - self.quorum:
             raise self._no_quorum("inspect", failed)
