@@ -34,6 +34,10 @@ logger = logging.getLogger("asynclock")
 _EXPIRY_MARGIN = 0.001
 # How long past the caller's deadline a server-side wait may take to report its timeout.
 _NATIVE_WAIT_SLACK = 0.5
+# A lost lease's body is cancelled again, until it leaves the block, after these delays
+# (doubling): a cancel the body swallowed must not let it run on.
+_REDELIVER_FIRST = 0.001
+_REDELIVER_MAX = 0.05
 
 
 class _State(enum.Enum):
@@ -58,7 +62,7 @@ class Lease:
 
     __slots__ = (
         "_cancel_on_lost",
-        "_cancel_sent",
+        "_cancels",
         "_claim",
         "_coord",
         "_entry_cancelling",
@@ -106,7 +110,7 @@ class Lease:
         self._task: asyncio.Task[object] | None = None
         self._entry_cancelling = 0
         self._in_body = False
-        self._cancel_sent = False
+        self._cancels = 0  # cancels sent to that task because the lease was lost
         # Watchdog bookkeeping (asynclock._watchdog).
         self._seq = -1
         # True while an extend request (the watchdog's renewal or extend()) is in flight:
@@ -306,10 +310,26 @@ class Lease:
             return
         task = self._task
         if self._cancel_on_lost and self._in_body and task is not None and not task.done():
-            self._cancel_sent = True
-            task.cancel(f"asynclock: lease on {self.name!r} lost: {reason}")
+            self._cancel_body(task, _REDELIVER_FIRST)
         # Whatever the server still has of ours goes now, not when its TTL runs out.
         self._coord._discard(self._claim, self.ttl)
+
+    def _cancel_body(self, task: asyncio.Task[object], delay: float) -> None:
+        """Cancel the body, and again while it has not left the block.
+
+        Level-triggered, as a cancelled scope is in anyio and Trio: a single cancel can be
+        swallowed before the body sees it (``asyncio.wait_for`` on Python 3.11, which
+        redis-py sends commands under, returns the result of an inner call that finished
+        as the cancel arrived), and the body would then run on unprotected. Each cancel
+        is counted and taken back with ``uncancel()`` when the block is left.
+        """
+        if not self._in_body or task.done():
+            return
+        self._cancels += 1
+        task.cancel(f"asynclock: lease on {self.name!r} lost: {self._reason}")
+        asyncio.get_running_loop().call_later(
+            delay, self._cancel_body, task, min(delay * 2, _REDELIVER_MAX)
+        )
 
     def __repr__(self) -> str:
         held = self._state is _HELD
@@ -595,10 +615,12 @@ class Lock:
             f"lease on {self.name!r} (fence {lease.fence}) lost: {lease._reason}"
         )
         cancelled = isinstance(exc, asyncio.CancelledError)
-        if not lease._cancel_sent or task is None:
+        if not lease._cancels or task is None:
             if cancelled:
                 return  # an outside cancel: let it propagate
             raise error from exc
+        for _ in range(lease._cancels - 1):
+            task.uncancel()
         if task.uncancel() > lease._entry_cancelling:
             if cancelled:
                 return  # cancelled from outside as well: the outside cancel wins

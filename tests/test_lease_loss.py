@@ -222,6 +222,33 @@ class TestLossRacingTheEndOfTheBody:
         with pytest.raises(LockLost):
             await task
 
+    async def test_a_swallowed_cancel_is_sent_again_until_the_body_leaves(
+        self, coord: asynclock.Coordinator, backend: MemoryBackend, clock: ManualClock
+    ) -> None:
+        """The loss's cancel swallowed once (as Python 3.11's wait_for does when the call
+        it waits for finishes as the cancel arrives): the body must not run on
+        unprotected; it is cancelled again at its next await, and LockLost follows."""
+        steps: list[str] = []
+
+        async def body() -> None:
+            async with coord.lock("job", ttl=3.0):
+                backend.drop("job")
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(3600)  # the first cancel lands here, swallowed
+                steps.append("went on")
+                await asyncio.sleep(3600)  # must be cancelled again
+                steps.append("ran unprotected")
+
+        task = asyncio.create_task(body())
+        await clock.settle()
+        await clock.advance(1.0)  # the renewal is refused: lost
+        with pytest.raises(LockLost):
+            await asyncio.wait_for(task, 2.0)
+        assert steps == ["went on"]
+        current = asyncio.current_task()
+        assert current is not None
+        assert current.cancelling() == 0
+
 
 class TestWithoutCancellation:
     async def test_cancel_on_lost_false_runs_on(
