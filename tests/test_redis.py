@@ -548,6 +548,14 @@ class TestBadInputWritesNothing:
         with pytest.raises(TypeError):
             asynclock.connect(6379)  # type: ignore[arg-type]
 
+    def test_unix_url_without_a_path_is_value_error(self) -> None:
+        """unix://host (no socket path) is a ValueError at connect(), password unshown
+        (the fuzzer found a KeyError here)."""
+        for url in ("unix://127.0.0.1", "unix://", "unix://:s3cret@localhost"):
+            with pytest.raises(ValueError, match="no socket path") as raised:
+                asynclock.connect(url)
+            assert "s3cret" not in str(raised.value)
+
     def test_unknown_option_is_type_error(self, asynclock_redis_url: str) -> None:
         """A misspelt option fails at connect(), not at the first lock."""
         with pytest.raises(TypeError):

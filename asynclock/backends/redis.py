@@ -182,6 +182,9 @@ def client_from_url(url: str, *, max_connections: int = 64, **options: Any) -> R
         return _cluster_client(url, max_connections, {**pool_options, **options})
     pool_options.update(options)
     pool = BlockingConnectionPool.from_url(url, max_connections=max_connections, **pool_options)
+    if url.startswith("unix://") and not pool.connection_kwargs.get("path"):
+        # (the URL itself is not shown: it may carry a password)
+        raise ValueError("unix:// URL names no socket path: write unix:///path/to/redis.sock")
     pool.make_connection()  # type: ignore[no-untyped-call]  # builds, does not connect
     return Redis.from_pool(pool)
 
