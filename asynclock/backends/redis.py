@@ -259,6 +259,14 @@ def _cluster_client(url: str, max_connections: int, options: dict[str, Any]) -> 
     # failovers (a script they re-send after a lost reply is harmless: see the README).
     for key in ("timeout", "retry"):
         options.pop(key, None)
+    # By default the client closes every connection to every node after each fifth MOVED
+    # reply (``reinitialize_steps=5``) to reload its slot map. The commands in flight on
+    # those connections fail with "Connection closed by server" and are sent again: a
+    # release sent again finds its own lock gone and reports it lost. On a healthy
+    # cluster the few MOVED replies of its start-up did that in a loop (16-30 spurious
+    # ``LockLost`` in a 36-task run). Without it, a MOVED moves just that slot to the
+    # node it names (failovers too); a lost connection still reloads the whole map.
+    options.setdefault("reinitialize_steps", 0)
     return RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in hosts],
         max_connections=max_connections,
