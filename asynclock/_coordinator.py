@@ -17,6 +17,7 @@ from ._election import Election, check_election, default_identity
 from ._errors import BackendError, CoordinatorClosed
 from ._lock import Lease, Lock, ReadWriteLock
 from ._stats import CoordinatorStats, Recorder
+from ._tasks import TaskSet
 from ._validate import check_name, check_timeout, check_ttl
 from ._wakeup import WakeSlot
 from ._watchdog import Watchdog
@@ -72,12 +73,13 @@ class Coordinator:
         self._backend = backend
         self.identity = identity or default_identity()
         self._held: dict[Lease, None] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet(f"coordinator {self.identity!r}")
         # Wake-up slots of this coordinator's waiting acquires: woken by aclose().
         self._waiting: set[WakeSlot] = set()
         self._recorder = Recorder(type(backend).__name__, telemetry)
         self._watchdog = Watchdog(backend, self._spawn, self._recorder)
         self._closed = False
+        self._shut = asyncio.Event()  # set by aclose()
         # Acquires on their way: aclose() lets them give back what they were granted
         # before it closes the backend.
         self._in_flight = 0
@@ -281,6 +283,7 @@ class Coordinator:
         if self._closed:
             return
         self._closed = True
+        self._shut.set()
         for lease in list(self._held):
             lease._lose("the coordinator was closed")
         for slot in list(self._waiting):
@@ -294,12 +297,7 @@ class Coordinator:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_CLOSE_TIMEOUT):
                     await self._drained.wait()
-        if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=_CLOSE_TIMEOUT)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending)
+        await self._tasks.close(_CLOSE_TIMEOUT)
         await self._backend.aclose()
 
     async def __aenter__(self) -> Self:
@@ -339,22 +337,30 @@ class Coordinator:
 
     def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
         """Run a background task that aclose() waits for (bounded)."""
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro, name=name)
 
-    def _discard(self, claim: Claim, ttl: float, lease: Lease | None = None) -> None:
+    def _discard(
+        self, claim: Claim, ttl: float, lease: Lease | None = None, *, in_flight: bool = False
+    ) -> None:
         """Delete ``claim``'s lock on the server in the background, if it still holds it.
 
         Used after a cancelled or failed acquire (the grant may have landed), a failed or
         cancelled release, and a loss. Retries with backoff until the server answers or
         ``ttl`` has passed (by then the server dropped the lock itself). A ``lease``
-        still held when the server confirms is marked released.
+        still held when the server confirms is marked released. ``in_flight``: the
+        acquire request was interrupted on its way; if the release finds nothing, the
+        request may still land later on another connection, so look once more after
+        :meth:`Backend.straggle` seconds.
         """
-        self._spawn(self._discard_task(claim, ttl, lease), name=f"asynclock-discard:{claim.name}")
+        recheck = self._backend.straggle() if in_flight else 0.0
+        self._spawn(
+            self._discard_task(claim, ttl, lease, recheck),
+            name=f"asynclock-discard:{claim.name}",
+        )
 
-    async def _discard_task(self, claim: Claim, ttl: float, lease: Lease | None) -> None:
+    async def _discard_task(
+        self, claim: Claim, ttl: float, lease: Lease | None, recheck: float = 0.0
+    ) -> None:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + ttl
         per_try = min(max(ttl / 4, 0.1), 2.0)
@@ -375,6 +381,15 @@ class Coordinator:
                     return
                 await asyncio.sleep(delay)
             else:
+                if not released and recheck > 0 and not self._closed:
+                    # Nothing to release yet: an interrupted acquire on another connection
+                    # may still land. Look once more when it can no longer.
+                    wait, recheck = min(recheck, give_up - loop.time()), 0.0
+                    if wait > 0:
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(wait):
+                                await self._shut.wait()  # closing: look now, once
+                        continue
                 if lease is not None:
                     lease._end_after_discard(released)
                 return

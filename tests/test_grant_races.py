@@ -77,3 +77,45 @@ class TestGrantRacingACancel:
         assert not await coord.is_locked("job"), "the grant was kept until its TTL"
         async with coord.lock("job", ttl=30, timeout=0):
             pass
+
+
+class Overtaken(MemoryBackend):
+    """A backend whose acquire requests travel on other connections than its releases:
+    an interrupted acquire still reaches the server ``late`` seconds later, after the
+    give-back's release (redis-py's pooled connections: Sentinel, TLS, sync_replicas)."""
+
+    late = 0.1
+
+    def straggle(self) -> float:
+        return 0.3
+
+    async def try_acquire(
+        self, claim: asynclock.backends.Claim, ttl: float, *, wait: float | None = 0.0
+    ) -> asynclock.backends.Attempt:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.late, lambda: loop.create_task(self._land(claim, ttl)))
+            raise
+        raise AssertionError("not reached")
+
+    async def _land(self, claim: asynclock.backends.Claim, ttl: float) -> None:
+        await MemoryBackend.try_acquire(self, claim, ttl)
+
+
+async def test_an_interrupted_acquire_that_lands_after_its_give_back_is_released() -> None:
+    """The give-back of a cancelled acquire finds nothing (the request is still on its
+    way on another connection); it looks again after ``straggle()`` and releases what
+    landed meanwhile, long before the TTL."""
+    backend = Overtaken()
+    async with asynclock.Coordinator(backend) as coord:
+        task = asyncio.create_task(coord.lock("late", ttl=30).acquire())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.2)
+        assert await coord.is_locked("late")  # the straggler landed after the give-back
+        await asyncio.sleep(0.3)
+        assert not await coord.is_locked("late")

@@ -163,6 +163,18 @@ class Backend(abc.ABC):
         """
         del name  # every valid name is lockable unless a backend says otherwise
 
+    def straggle(self) -> float:
+        """Seconds an interrupted request of this client may still reach the server after
+        a later request, sent on another connection, was answered (0: one ordered
+        connection carries them all).
+
+        A cancelled acquire is given back at once; when that release finds nothing to
+        release, the acquire may still be on its way on another connection, so the
+        coordinator looks again after this long (redis-py's pooled connections: the
+        socket timeout, after which redis-py has closed the interrupted connection).
+        """
+        return 0.0
+
     def drift(self, ttl: float) -> float:
         """Seconds a lease of ``ttl`` is cut short locally, for clock drift and latency."""
         return ttl * self.drift_factor + self.drift_base

@@ -69,6 +69,7 @@ import asyncpg
 from .._backoff import Backoff
 from .._clock import Clock
 from .._errors import BackendError, map_backend_errors
+from .._tasks import TaskSet
 from .._validate import check_name
 from .._wakeup import Mailbox, WakeHub, WakeSlot
 from ..postgres import (
@@ -443,7 +444,7 @@ class PostgresBackend(Backend):
         self._listen_conn: Any = None
         self._listen_lock: asyncio.Lock | None = None
         # Connections on their way back to the pool after a cancelled give-back.
-        self._background: set[asyncio.Future[None]] = set()
+        self._background = TaskSet("PostgreSQL")
         self._idle_default = "0"
         self._closing = False
 
@@ -934,10 +935,7 @@ class PostgresBackend(Backend):
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
         """Run ``work`` to its end whatever happens to the caller (aclose waits for it)."""
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
+        return self._background.spawn(work, name="asynclock-pg-background")
 
     async def _stop_if_unused(self) -> None:
         assert self._listen_lock is not None
@@ -995,9 +993,7 @@ class PostgresBackend(Backend):
             for mailbox in mailboxes:
                 mailbox.put("")
         if self._listeners and not self._closing:
-            task = asyncio.ensure_future(self._relisten())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._background.spawn(self._relisten(), name="asynclock-pg-relisten")
 
     async def _relisten(self) -> None:
         backoff = Backoff(initial=0.05, maximum=2.0)
@@ -1029,8 +1025,7 @@ class PostgresBackend(Backend):
             await self._to_pool(conn)
         self._listeners.clear()
         await self._stop_listening()
-        if self._background:
-            await asyncio.wait(set(self._background), timeout=5)
+        await self._background.close(5.0)
         if self._owns_pool and self._pool_started:
             try:
                 await asyncio.wait_for(self._pool.close(), 10)
@@ -1085,9 +1080,7 @@ class PostgresBackend(Backend):
         except asyncio.CancelledError:
             # Finish in the background: asyncpg is cancelling the RESET on the server, and
             # terminating the connection under that cancellation trips asyncpg up.
-            task = asyncio.ensure_future(self._to_pool(conn))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._background.spawn(self._to_pool(conn), name="asynclock-pg-to-pool")
             raise
         except Exception:
             await self._terminate(conn.proxy)

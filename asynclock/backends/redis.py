@@ -33,6 +33,7 @@ from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseE
 from .._backoff import Backoff
 from .._clock import Clock
 from .._errors import BackendError, map_backend_errors
+from .._tasks import TaskSet
 from .._validate import check_number
 from .._wakeup import Mailbox, WakeHub, WakeSlot
 from . import _scripts
@@ -770,6 +771,15 @@ class RedisBackend(Backend):
                 for sentinel_client in sentinel.sentinels:
                     await sentinel_client.aclose()
 
+    def straggle(self) -> float:
+        if isinstance(self._link, Pipe):
+            return 0.0  # one connection, replies in order; a cancel does not drop it
+        if isinstance(self._client, RedisCluster):
+            kwargs = self._client.get_connection_kwargs()
+        else:
+            kwargs = self._client.connection_pool.connection_kwargs
+        return float(kwargs.get("socket_timeout") or 5.0)
+
     def describe(self) -> str:
         return f"RedisBackend {self._where[len('Redis ') :]} prefix={self._prefix!r}"
 
@@ -1063,7 +1073,8 @@ class _Subscriber:
         # Channels nobody listens to any more, still subscribed for a moment (see
         # unsubscribe), with the timer that drops them; their refs are 0.
         self._lingering: dict[str, asyncio.TimerHandle] = {}
-        self._dropping: set[asyncio.Task[None]] = set()
+        # The reader, unsubscribes of lingering channels, closes of broken connections.
+        self._tasks = TaskSet(f"pub/sub of {where}")
 
     def channels(self) -> list[str]:
         """Channels subscribed (or being subscribed), lingering ones included."""
@@ -1095,7 +1106,7 @@ class _Subscriber:
                     await self._send(self._subscribe, channel)
                 if self._reader is None:
                     # It connects if needed and subscribes every wanted channel.
-                    self._reader = asyncio.create_task(self._run(), name="asynclock-pubsub")
+                    self._reader = self._tasks.spawn(self._run(), name="asynclock-pubsub")
             async with asyncio.timeout(self._timeout):
                 # Re-read: a lost connection replaces the future while we wait.
                 await asyncio.shield(self._ready.get(channel, ready))
@@ -1136,9 +1147,12 @@ class _Subscriber:
             # Forget it now, not when the task runs: a subscribe in between must see
             # the channel unsubscribed and send its own SUBSCRIBE.
             self._forget(channel)
-            task = asyncio.ensure_future(self._send_unsubscribe(channel, confirm=False))
-            self._dropping.add(task)
-            task.add_done_callback(self._dropping.discard)
+            # Quiet: if it fails, the connection broke and the reader starts over.
+            self._tasks.spawn(
+                self._send_unsubscribe(channel, confirm=False),
+                name=f"asynclock-unsubscribe:{channel}",
+                quiet=True,
+            )
 
     def _forget(self, channel: str) -> None:
         self._refs.pop(channel, None)
@@ -1186,6 +1200,11 @@ class _Subscriber:
         """True once aclose() began (re-read after awaits)."""
         return self._closed
 
+    def _close_soon(self, conn: AbstractConnection) -> None:
+        """Close a broken connection without waiting for it (from sync code or a reader);
+        its failure is expected and not reported."""
+        self._tasks.spawn(conn.disconnect(nowait=True), name="asynclock-close", quiet=True)
+
     def _restart(self, exc: BaseException) -> None:
         """Drop the connection and its reader; start over if anyone still waits."""
         reader, self._reader = self._reader, None
@@ -1193,10 +1212,10 @@ class _Subscriber:
             reader.cancel()  # redis-py closes the connection of a cancelled read
         conn, self._conn = self._conn, None
         if conn is not None and reader is None:
-            _close_soon(conn)
+            self._close_soon(conn)
         self._connection_lost(exc)
         if self._refs and not self._closed:
-            self._reader = asyncio.create_task(self._run(resync=True), name="asynclock-pubsub")
+            self._reader = self._tasks.spawn(self._run(resync=True), name="asynclock-pubsub")
 
     async def _run(self, *, resync: bool = False) -> None:
         """Connect if needed, subscribe what is wanted, dispatch until nothing is."""
@@ -1216,7 +1235,7 @@ class _Subscriber:
                     if conn is not None and self._conn is conn:
                         # An open connection broke: reconnect at once.
                         self._conn = None
-                        _close_soon(conn)
+                        self._close_soon(conn)
                         self._connection_lost(exc)
                         resync = True
                         logger.warning("pub/sub connection to %s lost (%s)", self._where, exc)
@@ -1246,7 +1265,7 @@ class _Subscriber:
                     await self._send("PING")
         except BackendError:
             self._conn = None
-            _close_soon(conn)
+            self._close_soon(conn)
             raise
         return conn
 
@@ -1377,8 +1396,6 @@ class _Subscriber:
         for timer in self._lingering.values():
             timer.cancel()
         self._lingering.clear()
-        for task in list(self._dropping):
-            task.cancel()
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.cancel()
@@ -1397,6 +1414,7 @@ class _Subscriber:
         self._ready.clear()
         self._refs.clear()
         self._connection_lost(closed)
+        await self._tasks.close(1.0)
 
 
 class _Source(Protocol):
@@ -1532,21 +1550,3 @@ class _ShardedSubscriber:
         self._closed = True
         for subscriber in list(self._nodes.values()):
             await subscriber.aclose()
-
-
-# Closes started by _close_soon, kept referenced until they finish (the event loop keeps
-# only weak references to tasks: an unreferenced one can be collected mid-way).
-_CLOSING: set[asyncio.Task[None]] = set()
-
-
-def _closed_soon(task: asyncio.Task[None]) -> None:
-    _CLOSING.discard(task)
-    if not task.cancelled():
-        task.exception()  # retrieved: a failed close of a broken connection is expected
-
-
-def _close_soon(conn: AbstractConnection) -> None:
-    """Close a broken connection without waiting for it (from sync code or a reader)."""
-    task = asyncio.ensure_future(conn.disconnect(nowait=True))
-    _CLOSING.add(task)
-    task.add_done_callback(_closed_soon)

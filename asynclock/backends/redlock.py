@@ -35,6 +35,7 @@ from redis.exceptions import ResponseError
 
 from .._clock import Clock
 from .._errors import BackendError, QuorumError
+from .._tasks import TaskSet
 from .._validate import check_number
 from .._wakeup import Mailbox, WakeHub, WakeSlot
 from ._resp import Pipe, pack
@@ -101,7 +102,9 @@ class RedlockBackend(Backend):
             node._share_hub(self._hub)
         self._owns_clients = False
         # Node operations still running after their fan-out was decided.
-        self._stragglers: set[asyncio.Future[Any]] = set()
+        # Per-node requests (stragglers finish here after the outcome was decided) and
+        # releases sent to nodes that did not answer.
+        self._tasks = TaskSet("Redlock")
 
     @classmethod
     def from_urls(
@@ -161,7 +164,11 @@ class RedlockBackend(Backend):
                     return TimeoutError(f"no answer within {self.node_timeout:g}s")
                 raise
 
-        tasks = [asyncio.ensure_future(one(node)) for node in targets]
+        # Quiet: a node's failure is its reply (an error value), not a crash to log.
+        tasks = [
+            self._tasks.spawn(one(node), name="asynclock-redlock-node", quiet=True)
+            for node in targets
+        ]
         # One timer for the whole fan-out, not one asyncio.timeout per node.
         expired.handle = asyncio.get_running_loop().call_later(
             self.node_timeout, expired.expire, tasks
@@ -186,11 +193,7 @@ class RedlockBackend(Backend):
             for task in tasks:
                 task.cancel()
             raise
-        if pending:
-            for task in pending:
-                self._stragglers.add(task)
-                task.add_done_callback(self._stragglers.discard)
-        else:
+        if not pending:  # else the stragglers finish in self._tasks, within the deadline
             expired.cancel()
         return [task.result() if task.done() else None for task in tasks]
 
@@ -313,9 +316,7 @@ class RedlockBackend(Backend):
         self, op: Callable[[RedisBackend], Awaitable[object]], nodes: Sequence[RedisBackend]
     ) -> None:
         """``op`` on ``nodes`` without waiting for them (each bounded by node_timeout)."""
-        task = asyncio.ensure_future(self._each(op, nodes))
-        self._stragglers.add(task)
-        task.add_done_callback(self._stragglers.discard)
+        self._tasks.spawn(self._each(op, nodes), name="asynclock-redlock-background")
 
     def _free_in(self, replies: Sequence[object], free: int) -> float | None:
         """When enough holders' leases run out for a majority, if every holder said."""
@@ -423,15 +424,15 @@ class RedlockBackend(Backend):
                 )
 
     async def aclose(self) -> None:
-        if self._stragglers:  # each is bounded by node_timeout
-            await asyncio.wait(set(self._stragglers), timeout=2 * self.node_timeout)
-        for task in list(self._stragglers):
-            task.cancel()
+        await self._tasks.close(2 * self.node_timeout)  # each is bounded by node_timeout
         for node in self._nodes:
             await node.aclose()
         if self._owns_clients:
             for node in self._nodes:
                 await node.client.aclose()
+
+    def straggle(self) -> float:
+        return max(node.straggle() for node in self._nodes)
 
     def describe(self) -> str:
         where = ", ".join(node._where[len("Redis ") :] for node in self._nodes)
