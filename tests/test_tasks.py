@@ -43,7 +43,7 @@ async def test_a_failure_is_logged_unless_quiet(caplog: pytest.LogCaptureFixture
         await asyncio.wait({loud, quiet})
         await asyncio.sleep(0)
     failures = [r for r in caplog.records if "failed" in r.getMessage()]
-    assert [r.exc_info[1].args for r in failures if r.exc_info] == [("loud",)]
+    assert [str(r.exc_info[1]) for r in failures if r.exc_info] == ["loud"]
     assert len(tasks) == 0
 
 
