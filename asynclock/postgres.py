@@ -232,9 +232,14 @@ async def ensure_fence_sequence(conn: asyncpg.Connection[Any], schema: str, sequ
         # In a transaction of its own (a savepoint if one is open): a failure must not
         # abort the caller's transaction.
         async with conn.transaction():
-            if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", qualified):
+            found = await conn.fetchrow(
+                "SELECT seqcache, seqincrement, seqcycle FROM pg_sequence"
+                " WHERE seqrelid = to_regclass($1)",
+                qualified,
+            )
+            if found is None:
+                await conn.execute(sql)
                 return
-            await conn.execute(sql)
     except asyncpg.exceptions.InsufficientPrivilegeError as exc:
         raise BackendError(
             f"the role may not create or use the fence sequence {qualified} ({exc}); "
@@ -245,4 +250,13 @@ async def ensure_fence_sequence(conn: asyncpg.Connection[Any], schema: str, sequ
     except (asyncpg.exceptions.UniqueViolationError, asyncpg.exceptions.DuplicateTableError):
         # Created concurrently by another coordinator: IF NOT EXISTS is not atomic, and
         # the loser of the race gets one of these two errors depending on timing.
-        pass
+        return
+    cache, increment, cycle = found
+    if cache != 1 or increment <= 0 or cycle:
+        # Each session caches its own range of values with CACHE > 1: a session that took
+        # 1..20 hands out 2 after another handed out 21, and fences go backwards.
+        raise BackendError(
+            f"the fence sequence {qualified} was created with CACHE {cache}, INCREMENT "
+            f"{increment}{' CYCLE' if cycle else ''}: fences would not always increase. "
+            f"Fix it once with:\n    ALTER SEQUENCE {qualified} CACHE 1 INCREMENT 1 NO CYCLE;"
+        )

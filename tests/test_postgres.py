@@ -251,6 +251,25 @@ class TestSessionLocks:
             await asyncio.gather(*(conn.close() for conn in conns))
 
 
+    @pytest.mark.parametrize("options", ["CACHE 20", "INCREMENT -1", "CYCLE"])
+    async def test_a_fence_sequence_that_would_go_backwards_is_refused(
+        self, asynclock_postgres_dsn: str, namespace: str, options: str
+    ) -> None:
+        """A fence sequence created elsewhere with ``CACHE > 1`` hands each session its
+        own range (one session's 2 after another's 21); refused with the fix to run."""
+        sequence = f"fence_{namespace}_{options.split()[0].lower()}"
+        conn = await asyncpg.connect(asynclock_postgres_dsn)
+        try:
+            await conn.execute(f'CREATE SEQUENCE "{sequence}" {options}')
+            with pytest.raises(BackendError, match="ALTER SEQUENCE .* CACHE 1 INCREMENT 1"):
+                await ensure_fence_sequence(conn, "public", sequence)
+            await conn.execute(f'ALTER SEQUENCE "{sequence}" CACHE 1 INCREMENT 1 NO CYCLE')
+            await ensure_fence_sequence(conn, "public", sequence)
+        finally:
+            await conn.execute(f'DROP SEQUENCE IF EXISTS "{sequence}"')
+            await conn.close()
+
+
 class TestCancelSafety:
     @pytest.mark.timeout(180)
     async def test_a_thousand_cancelled_acquires_leave_nothing(

@@ -329,6 +329,23 @@ class TestScripts:
         assert 9 < other.retry_after <= 10
         assert await backend.release(claim)
 
+    @pytest.mark.parametrize("fair", [False, True])
+    async def test_a_retried_acquire_after_its_fence_counter_was_evicted(
+        self, redis_coord: asynclock.Coordinator, fair: bool
+    ) -> None:
+        """A retry finding its grant but no fence counter (evicted under maxmemory) gets a
+        new, larger fence instead of 0, which read as "refused": the caller then waited
+        for itself until its own TTL ran out."""
+        backend = redis_backend(redis_coord)
+        claim = Claim("evicted", "c" * 32, "me", shared=False, fair=fair)
+        first = await backend.try_acquire(claim, 10.0)
+        assert first.fence is not None
+        await backend.client.delete(backend.keys("evicted").fence)
+        second = await backend.try_acquire(claim, 10.0)
+        assert second.fence is not None
+        assert second.fence > first.fence
+        assert await backend.release(claim)
+
     async def test_scripts_load_on_redis_py_connections(
         self, asynclock_redis_url: str, raw: Redis
     ) -> None:

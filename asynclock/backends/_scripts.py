@@ -270,11 +270,17 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return next_fence(KEYS[2], tonumber(ARGV[4] or 0), ARGV[3])
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  -- Already ours: this is a retry of a request whose reply was lost. Same grant.
+  -- Already ours: this is a retry of a request whose reply was lost. Same grant, and
+  -- its fence, unless the counter was evicted: then a new one (its reply never arrived,
+  -- so nobody saw the old one; 0 would read as "refused" and leave us waiting on us).
   if queued then
     leave(KEYS[3], KEYS[4], ARGV[1])
   end
-  return tonumber(redis.call('GET', KEYS[2]) or 0)
+  local fence = tonumber(redis.call('GET', KEYS[2]) or 0)
+  if fence > 0 then
+    return fence
+  end
+  return next_fence(KEYS[2], tonumber(ARGV[4] or 0), ARGV[3])
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if queued then
@@ -308,7 +314,11 @@ ACQUIRE_FAIR = Script(
 local stay = tonumber(ARGV[4])
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   leave(KEYS[3], KEYS[4], ARGV[1])  -- a retry of a granted request
-  return tonumber(redis.call('GET', KEYS[2]) or 0)
+  local fence = tonumber(redis.call('GET', KEYS[2]) or 0)
+  if fence > 0 then
+    return fence
+  end
+  return next_fence(KEYS[2], 0, ARGV[3])  -- the counter was evicted (see ACQUIRE)
 end
 local first, _, lapses = next_waiter(KEYS[3], KEYS[4])
 if (first == nil or first == ARGV[1])

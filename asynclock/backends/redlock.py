@@ -105,6 +105,8 @@ class RedlockBackend(Backend):
         # Per-node requests (stragglers finish here after the outcome was decided) and
         # releases sent to nodes that did not answer.
         self._tasks = TaskSet("Redlock")
+        # A failed round's releases still going to silent nodes, by holder value.
+        self._releasing: dict[str, asyncio.Task[Any]] = {}
 
     @classmethod
     def from_urls(
@@ -271,6 +273,12 @@ class RedlockBackend(Backend):
         """One Redlock round: the attempt, and how many nodes failed or were late."""
         keys = self._keys(claim)
         value = claim.value
+        releasing = self._releasing.get(value)
+        if releasing is not None:
+            # The last round's release is still on its way to a silent node. Sent on a
+            # connection of its own it could land after this round's grant there and
+            # delete it (same value): this round would count a node it does not hold.
+            await asyncio.wait({releasing})
         start = self.clock.now()
         # Every node is offered the same fence floor (our clock, a little ahead): when each
         # granting node lands on it, a majority already stores the lease's fence and the
@@ -308,15 +316,17 @@ class RedlockBackend(Backend):
         ]
         silent = [node for node in self._nodes if node not in answered]
         if silent:
-            self._background(lambda node: node.run(release), silent)
+            task = self._background(lambda node: node.run(release), silent)
+            self._releasing[value] = task
+            task.add_done_callback(lambda _: self._releasing.pop(value, None))
         await self._script(release, answered)
         return Attempt(None, self._free_in(replies, len(granted))), failed
 
     def _background(
         self, op: Callable[[RedisBackend], Awaitable[object]], nodes: Sequence[RedisBackend]
-    ) -> None:
+    ) -> asyncio.Task[Any]:
         """``op`` on ``nodes`` without waiting for them (each bounded by node_timeout)."""
-        self._tasks.spawn(self._each(op, nodes), name="asynclock-redlock-background")
+        return self._tasks.spawn(self._each(op, nodes), name="asynclock-redlock-background")
 
     def _free_in(self, replies: Sequence[object], free: int) -> float | None:
         """When enough holders' leases run out for a majority, if every holder said."""
