@@ -257,11 +257,11 @@ class TestSessionLocks:
     ) -> None:
         """A fence sequence created elsewhere with ``CACHE > 1`` hands each session its
         own range (one session's 2 after another's 21); refused with the fix to run."""
-        sequence = f"fence_{namespace}_{options.split()[0].lower()}"
+        sequence = f"fence_{namespace}_{options.split(maxsplit=1)[0].lower()}"
         conn = await asyncpg.connect(asynclock_postgres_dsn)
         try:
             await conn.execute(f'CREATE SEQUENCE "{sequence}" {options}')
-            with pytest.raises(BackendError, match="ALTER SEQUENCE .* CACHE 1 INCREMENT 1"):
+            with pytest.raises(BackendError, match=r"ALTER SEQUENCE .* CACHE 1 INCREMENT 1"):
                 await ensure_fence_sequence(conn, "public", sequence)
             await conn.execute(f'ALTER SEQUENCE "{sequence}" CACHE 1 INCREMENT 1 NO CYCLE')
             await ensure_fence_sequence(conn, "public", sequence)
