@@ -250,7 +250,6 @@ class TestSessionLocks:
         finally:
             await asyncio.gather(*(conn.close() for conn in conns))
 
-
     @pytest.mark.parametrize("options", ["CACHE 20", "INCREMENT -1", "CYCLE"])
     async def test_a_fence_sequence_that_would_go_backwards_is_refused(
         self, asynclock_postgres_dsn: str, namespace: str, options: str
