@@ -38,6 +38,10 @@ _NATIVE_WAIT_SLACK = 0.5
 # (doubling): a cancel the body swallowed must not let it run on.
 _REDELIVER_FIRST = 0.001
 _REDELIVER_MAX = 0.05
+# A grant whose reply comes with less than this share of its local validity left is
+# given back rather than handed to a body that could not finish under it (seen: a body
+# entered with expires_in=0 and wrote after another holder was granted).
+_LATE_GRANT = 0.05
 
 
 class _State(enum.Enum):
@@ -533,7 +537,33 @@ class Lock:
             await slot.wait(clock, until)
 
     async def _attempt(self, claim: Claim, deadline: float | None) -> Attempt:
-        """One ``try_acquire``, bounded by the caller's deadline, undone if interrupted."""
+        """One ``try_acquire``, bounded by the caller's deadline, undone if interrupted;
+        a grant that came too late to be of use is given back and reads as refused."""
+        backend = self._coord.backend
+        clock = backend.clock
+        sent = clock.now()
+        attempt = await self._try(claim, deadline)
+        if attempt.fence is None:
+            return attempt
+        ttl = self.ttl
+        begin = sent if attempt.start is None else attempt.start
+        valid = ttl - backend.drift(ttl)
+        left = valid - (clock.now() - begin)
+        if left > _LATE_GRANT * valid:
+            return attempt
+        # The reply came so late that the lease is (almost) over before the body could
+        # start: handing it over would run the body unprotected while another holder may
+        # be granted any moment. Give it back now, before another attempt with the same
+        # claim could be granted (a background release could delete that one).
+        self._coord._recorder.late_grant(self.name, left)
+        try:
+            await backend.release(claim)
+        except BaseException:
+            self._coord._discard(claim, ttl)
+            raise
+        return Attempt(None, 0.0)
+
+    async def _try(self, claim: Claim, deadline: float | None) -> Attempt:
         backend = self._coord.backend
         try:
             if deadline is None or self.timeout == 0:

@@ -84,7 +84,8 @@ class CoordinatorStats:
     ``timeouts``, ``errors``: acquire calls granted, timed out, failed on the backend;
     ``releases``, ``losses``; ``renewals``, ``renewal_failures`` (refused or failed);
     ``acquire_latency`` (call to grant, waiting included) and ``renewal_latency`` (one
-    renewal request for a batch).
+    renewal request for a batch); ``late_grants``: grants whose reply came when their
+    lease had (almost) no local validity left, given back instead of handed to a body.
     """
 
     held: int
@@ -98,6 +99,7 @@ class CoordinatorStats:
     renewal_failures: int
     acquire_latency: LatencySummary
     renewal_latency: LatencySummary
+    late_grants: int = 0
 
 
 class Recorder:
@@ -113,6 +115,7 @@ class Recorder:
         self.losses = 0
         self.renewals = 0
         self.renewal_failures = 0
+        self.late_grants = 0
         self.acquire_samples: deque[float] = deque(maxlen=_SAMPLES)
         self.renewal_samples: deque[float] = deque(maxlen=_SAMPLES)
         self._attributes = {"asynclock.backend": backend}
@@ -186,6 +189,16 @@ class Recorder:
             if outcome != "cancelled":
                 self._acquisitions.add(1, {**self._attributes, "asynclock.outcome": outcome})
 
+    def late_grant(self, name: str, left: float) -> None:
+        """A grant arrived with ``left`` seconds of local validity: given back."""
+        self.late_grants += 1
+        logger.warning(
+            "lock %r was granted with %.1f ms of its lease left (a slow reply): given back",
+            name,
+            left * 1000,
+            extra={"asynclock_lock": name},
+        )
+
     def released(self, name: str, fence: int) -> None:
         self.releases += 1
         if logger.isEnabledFor(logging.DEBUG):
@@ -236,4 +249,5 @@ class Recorder:
             renewal_failures=self.renewal_failures,
             acquire_latency=_summary(self.acquire_samples),
             renewal_latency=_summary(self.renewal_samples),
+            late_grants=self.late_grants,
         )

@@ -119,3 +119,40 @@ async def test_an_interrupted_acquire_that_lands_after_its_give_back_is_released
         assert await coord.is_locked("late")  # the straggler landed after the give-back
         await asyncio.sleep(0.3)
         assert not await coord.is_locked("late")
+
+
+class SlowReplies(MemoryBackend):
+    """The first ``slow`` grants reach the caller ``delay`` seconds after the server
+    made them (a reply stuck behind a slow link)."""
+
+    slow = 1
+    delay = 0.25
+
+    async def try_acquire(
+        self, claim: asynclock.backends.Claim, ttl: float, *, wait: float | None = 0.0
+    ) -> asynclock.backends.Attempt:
+        attempt = await super().try_acquire(claim, ttl, wait=wait)
+        if attempt.fence is not None and self.slow > 0:
+            self.slow -= 1
+            await asyncio.sleep(self.delay)
+        return attempt
+
+
+class TestLateGrant:
+    async def test_a_grant_that_arrives_spent_is_given_back_and_tried_again(self) -> None:
+        backend = SlowReplies()
+        async with asynclock.Coordinator(backend) as coord:
+            async with coord.lock("late", ttl=0.2, timeout=2) as lease:
+                assert lease.expires_in > 0.1
+                info = await coord.inspect("late")
+                assert info is not None
+                assert info.fence == lease.fence  # the second grant, not the spent one
+            assert coord.stats().late_grants == 1
+
+    async def test_a_spent_grant_with_timeout_zero_is_a_timeout(self) -> None:
+        backend = SlowReplies()
+        async with asynclock.Coordinator(backend) as coord:
+            with pytest.raises(asynclock.LockTimeout):
+                await coord.lock("late", ttl=0.2, timeout=0).acquire()
+            assert not await coord.is_locked("late")  # given back at once, not at its TTL
+            assert coord.stats().late_grants == 1
