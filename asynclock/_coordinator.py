@@ -347,52 +347,78 @@ class Coordinator:
         Used after a cancelled or failed acquire (the grant may have landed), a failed or
         cancelled release, and a loss. Retries with backoff until the server answers or
         ``ttl`` has passed (by then the server dropped the lock itself). A ``lease``
-        still held when the server confirms is marked released. ``in_flight``: the
-        acquire request was interrupted on its way; if the release finds nothing, the
-        request may still land later on another connection, so look once more after
-        :meth:`Backend.straggle` seconds.
+        still held when the server confirms is marked released.
+
+        ``in_flight``: the acquire request was interrupted on its way. It may have joined
+        a waiter queue (left here too), and on a backend whose requests can overtake each
+        other (:meth:`Backend.straggle` > 0: a reconnect, another pooled connection, a
+        proxy) it may still land after this release found nothing. Then the give-back
+        looks again at growing intervals (up to 1 s) for ``ttl`` plus that straggle
+        time: a late grant is given back within a second of landing.
         """
-        recheck = self._backend.straggle() if in_flight else 0.0
+        straggle = self._backend.straggle() if in_flight else 0.0
         self._spawn(
-            self._discard_task(claim, ttl, lease, recheck),
+            self._discard_task(claim, ttl, lease, in_flight=in_flight, straggle=straggle),
             name=f"asynclock-discard:{claim.name}",
         )
 
+    def _leave(self, claim: Claim) -> None:
+        """Leave the waiter queue ``claim`` joined, in the background (a waiter that
+        stopped before it could wait: its place would keep others out until it lapses)."""
+        self._spawn(self._leave_task(claim), name=f"asynclock-leave:{claim.name}")
+
+    async def _leave_task(self, claim: Claim) -> None:
+        try:
+            async with asyncio.timeout(_CLOSE_TIMEOUT):
+                await self._backend.leave(claim)
+        except (BackendError, TimeoutError) as exc:
+            logger.debug("leaving the queue of %r failed (%s); the place lapses", claim.name, exc)
+
     async def _discard_task(
-        self, claim: Claim, ttl: float, lease: Lease | None, recheck: float = 0.0
+        self,
+        claim: Claim,
+        ttl: float,
+        lease: Lease | None,
+        *,
+        in_flight: bool = False,
+        straggle: float = 0.0,
     ) -> None:
         loop = asyncio.get_running_loop()
+        backend = self._backend
         give_up = loop.time() + ttl
+        look_until = give_up + straggle if straggle > 0 else 0.0
         per_try = min(max(ttl / 4, 0.1), 2.0)
         backoff = Backoff(initial=0.05, maximum=1.0)
-        attempt = 0
+        polls = Backoff(initial=0.05, maximum=min(1.0, max(ttl / 4, 0.05)), jitter=False)
+        attempt = looks = 0
         while True:
             try:
                 async with asyncio.timeout(per_try):
-                    released = await self._backend.release(claim)
+                    released = await backend.release(claim)
+                    if in_flight and not released:
+                        await backend.leave(claim)
             except (BackendError, TimeoutError) as exc:
                 delay = backoff.delay(attempt)
                 attempt += 1
-                if self._closed or loop.time() + delay >= give_up:
+                if self._closed or loop.time() + delay >= max(give_up, look_until):
                     # Closing: one failed try is enough, the TTL ends what is left.
                     logger.info(
                         "could not release %r on the server (%s); its TTL ends it", claim.name, exc
                     )
                     return
                 await asyncio.sleep(delay)
-            else:
-                if not released and recheck > 0 and not self._closed:
-                    # Nothing to release yet: an interrupted acquire on another connection
-                    # may still land. Look once more when it can no longer.
-                    wait, recheck = min(recheck, give_up - loop.time()), 0.0
-                    if wait > 0:
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout(wait):
-                                await self._shut.wait()  # closing: look now, once
-                        continue
+                continue
+            if released or self._closed or loop.time() >= look_until:
                 if lease is not None:
                     lease._end_after_discard(released)
                 return
+            # Nothing there yet: the interrupted acquire may still land. Look again soon
+            # (at once when the coordinator closes).
+            delay = polls.delay(looks)
+            looks += 1
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(delay, look_until - loop.time())):
+                    await self._shut.wait()
 
 
 def _scheme(url: str) -> str:

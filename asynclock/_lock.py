@@ -42,6 +42,8 @@ _REDELIVER_MAX = 0.05
 # given back rather than handed to a body that could not finish under it (seen: a body
 # entered with expires_in=0 and wrote after another holder was granted).
 _LATE_GRANT = 0.05
+# What _attempt returns for such a grant: refused, worth trying again at once.
+_LATE = Attempt(None, 0.0)
 
 
 class _State(enum.Enum):
@@ -459,6 +461,18 @@ class Lock:
             # the grant back (aclose() waits for that before closing the backend).
             coord._discard(claim, self.ttl)
             raise CoordinatorClosed(f"this Coordinator was closed while acquiring {self.name!r}")
+        backend = coord.backend
+        valid = self.ttl - backend.drift(self.ttl)
+        if valid - (backend.clock.now() - start) <= _LATE_GRANT * valid:
+            # Spent after _attempt checked it: leaving the wait took that long (a Redlock
+            # unsubscribe waits up to node_timeout). Not handed over; and not tried again
+            # with this claim while its give-back is on its way.
+            recorder.late_grant(self.name, valid - (backend.clock.now() - start))
+            coord._discard(claim, self.ttl)
+            raise LockTimeout(
+                f"lock {self.name!r} was granted, but leaving the wait took the lease's "
+                "whole validity; given back"
+            )
         lease = Lease(
             coord,
             claim,
@@ -484,20 +498,29 @@ class Lock:
         if attempt.fence is None:
             if timeout == 0:
                 raise LockTimeout(f"lock {self.name!r} is held (timeout=0: tried once)")
-            if backend.native_wait:  # it waited in the server's queue already
-                raise LockTimeout(f"lock {self.name!r} not acquired within {timeout:g}s")
-            attempt, start = await self._wait(claim, deadline)
+            if backend.native_wait:
+                # It waited in the server's queue already; only a grant that came too
+                # late (given back) is worth another wait there.
+                while attempt is _LATE and (deadline is None or clock.now() < deadline):
+                    start = clock.now()
+                    attempt = await self._attempt(claim, deadline)
+                if attempt.fence is None:
+                    within = "" if timeout is None else f" within {timeout:g}s"
+                    raise LockTimeout(f"lock {self.name!r} not acquired{within}")
+            else:
+                attempt, start = await self._wait(claim, deadline)
         return attempt, start
 
     async def _wait(self, claim: Claim, deadline: float | None) -> tuple[Attempt, float]:
         """Try until granted; between attempts sleep until woken by a release, the
         holder's TTL ends or the backoff step passes. Returns the grant and its start."""
         coord = self._coord
-        granted = False
+        granted = entered = False
         try:
             # Subscribe first, then try: a release between the failed attempt and the
             # sleep is recorded on the slot, never lost.
             async with coord.backend.waiter(self.name) as slot:
+                entered = True
                 slot.tag = claim.value  # a release that names this claim wakes this slot
                 coord._waiting.add(slot)
                 try:
@@ -511,6 +534,10 @@ class Lock:
             # cancel or an error there means no Lease will be made. Give the grant back.
             if granted:
                 coord._discard(claim, self.ttl)
+            elif not entered:
+                # Stopped while subscribing: the first attempt's place in the queue would
+                # keep others out until it lapses (leaving the waiter does it otherwise).
+                coord._leave(claim)
             raise
 
     async def _wait_loop(
@@ -556,12 +583,21 @@ class Lock:
         # be granted any moment. Give it back now, before another attempt with the same
         # claim could be granted (a background release could delete that one).
         self._coord._recorder.late_grant(self.name, left)
+        # Bounded like the attempt: by the caller's deadline, and by the lease itself (a
+        # server that does not answer drops it then anyway).
+        bound = ttl if deadline is None else max(deadline - clock.now(), _EXPIRY_MARGIN)
         try:
-            await backend.release(claim)
-        except BaseException:
+            async with asyncio.timeout(bound):
+                await backend.release(claim)
+        except BaseException as exc:
             self._coord._discard(claim, ttl)
+            if isinstance(exc, TimeoutError):
+                raise LockTimeout(
+                    f"lock {self.name!r}: a grant came too late and "
+                    f"{backend.describe()} did not confirm its release in time"
+                ) from exc
             raise
-        return Attempt(None, 0.0)
+        return _LATE
 
     async def _try(self, claim: Claim, deadline: float | None) -> Attempt:
         backend = self._coord.backend

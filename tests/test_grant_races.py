@@ -84,7 +84,7 @@ class Overtaken(MemoryBackend):
     an interrupted acquire still reaches the server ``late`` seconds later, after the
     give-back's release (redis-py's pooled connections: Sentinel, TLS, sync_replicas)."""
 
-    late = 0.1
+    late = 0.5  # after straggle(): one look after straggle() would miss it
 
     def straggle(self) -> float:
         return 0.3
@@ -100,25 +100,31 @@ class Overtaken(MemoryBackend):
             raise
         raise AssertionError("not reached")
 
+    landed: float | None = None
+
     async def _land(self, claim: asynclock.backends.Claim, ttl: float) -> None:
-        await MemoryBackend.try_acquire(self, claim, ttl)
+        attempt = await MemoryBackend.try_acquire(self, claim, ttl)
+        assert attempt.fence is not None
+        self.landed = asyncio.get_running_loop().time()
 
 
 async def test_an_interrupted_acquire_that_lands_after_its_give_back_is_released() -> None:
     """The give-back of a cancelled acquire finds nothing (the request is still on its
-    way on another connection); it looks again after ``straggle()`` and releases what
-    landed meanwhile, long before the TTL."""
+    way on another connection); it keeps looking and releases what landed, within a
+    second of landing rather than after the TTL (30 s)."""
     backend = Overtaken()
+    loop = asyncio.get_running_loop()
     async with asynclock.Coordinator(backend) as coord:
         task = asyncio.create_task(coord.lock("late", ttl=30).acquire())
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(0.2)
-        assert await coord.is_locked("late")  # the straggler landed after the give-back
-        await asyncio.sleep(0.3)
-        assert not await coord.is_locked("late")
+        await asyncio.sleep(0.6)
+        assert backend.landed is not None  # the straggler landed after the give-back
+        while await coord.is_locked("late"):
+            assert loop.time() - backend.landed < 1.0, "a landed straggler stayed held"
+            await asyncio.sleep(0.01)
 
 
 class SlowReplies(MemoryBackend):
@@ -156,3 +162,34 @@ class TestLateGrant:
                 await coord.lock("late", ttl=0.2, timeout=0).acquire()
             assert not await coord.is_locked("late")  # given back at once, not at its TTL
             assert coord.stats().late_grants == 1
+
+    @pytest.mark.parametrize("limit", [None, 5.0])
+    async def test_a_late_grant_in_the_servers_queue_waits_there_again(
+        self, limit: float | None
+    ) -> None:
+        """A backend that waits in the server's own queue (PostgreSQL) gets a late grant:
+        it is given back and the acquire waits again (it raised TypeError for
+        ``timeout=None`` and an early LockTimeout otherwise)."""
+        backend = SlowReplies()
+        backend.native_wait = True  # type: ignore[misc]
+        async with asynclock.Coordinator(backend) as coord:
+            lease = await coord.lock("late", ttl=0.2, timeout=limit).acquire()
+            assert lease.expires_in > 0.1
+            assert coord.stats().late_grants == 1
+            await lease.release()
+
+    async def test_giving_back_a_late_grant_keeps_to_the_deadline(self) -> None:
+        """The give-back of a late grant is bounded by the caller's timeout: a server
+        that stops answering right then does not hold the acquire past it."""
+
+        class Unanswered(SlowReplies):
+            async def release(self, claim: asynclock.backends.Claim) -> bool:
+                await asyncio.sleep(30)
+                raise AssertionError("not reached")
+
+        async with asynclock.Coordinator(Unanswered()) as coord:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            with pytest.raises(asynclock.LockTimeout, match="did not confirm its release"):
+                await coord.lock("late", ttl=0.2, timeout=1.0).acquire()
+            assert loop.time() - start < 1.5

@@ -268,6 +268,29 @@ class TestSessionLocks:
             await conn.execute(f'DROP SEQUENCE IF EXISTS "{sequence}"')
             await conn.close()
 
+    async def test_a_released_connection_reaches_an_acquire_queued_for_the_pool(
+        self, asynclock_postgres_dsn: str, namespace: str
+    ) -> None:
+        """With the pool exhausted, an acquire queues in ``pool.acquire()``; connections
+        released meanwhile must reach it, not wait in the backend's own reserve (it
+        waited until its timeout while the lock was free and connections idle)."""
+        async with asynclock.connect(
+            asynclock_postgres_dsn, namespace=namespace, max_connections=8
+        ) as coord:
+            held = [await coord.lock(f"busy{i}", ttl=30).acquire() for i in range(8)]
+            waiter = asyncio.create_task(coord.lock("free", ttl=30, timeout=5).acquire())
+            await asyncio.sleep(0.3)
+            assert not waiter.done()
+            for lease in held[:2]:
+                await lease.release()
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            lease = await waiter
+            assert loop.time() - start < 2.0
+            await lease.release()
+            for lease in held[2:]:
+                await lease.release()
+
 
 class TestCancelSafety:
     @pytest.mark.timeout(180)

@@ -164,16 +164,21 @@ class Backend(abc.ABC):
         del name  # every valid name is lockable unless a backend says otherwise
 
     def straggle(self) -> float:
-        """Seconds an interrupted request of this client may still reach the server after
-        a later request, sent on another connection, was answered (0: one ordered
-        connection carries them all).
+        """Seconds, beyond a lease's TTL, during which an interrupted acquire of this
+        client may still reach the server after a later request was answered (0: it
+        cannot, requests never overtake each other).
 
-        A cancelled acquire is given back at once; when that release finds nothing to
-        release, the acquire may still be on its way on another connection, so the
-        coordinator looks again after this long (redis-py's pooled connections: the
-        socket timeout, after which redis-py has closed the interrupted connection).
+        An interrupted acquire is given back at once; when that release finds nothing,
+        the acquire may still be on its way (on a connection that was dropped or timed
+        out, on another pooled connection, through a proxy), so the coordinator keeps
+        looking for ``ttl`` plus this long. Redis: the socket timeout.
         """
         return 0.0
+
+    async def leave(self, claim: Claim) -> None:  # noqa: B027 - optional hook
+        """Leave whichever waiter queue a refused attempt of ``claim`` joined (called
+        when the acquire stops before it waited: its place would keep others out until
+        it lapses). Default: nothing (no queue, or the server's own)."""
 
     def drift(self, ttl: float) -> float:
         """Seconds a lease of ``ttl`` is cut short locally, for clock drift and latency."""

@@ -1068,7 +1068,11 @@ class PostgresBackend(Backend):
         """The session is over and its connection clean: keep it, or give it back."""
         session.done = True
         self._sessions.discard(session)
-        if len(self._idle) < self._keep and not self._closing:
+        pool = self._pool
+        # Kept only while the pool has room: when it is exhausted, someone may be queued
+        # in pool.acquire(), which never looks at connections kept here.
+        room = pool.get_idle_size() > 0 or pool.get_size() < pool.get_max_size()
+        if room and len(self._idle) < self._keep and not self._closing:
             self._idle.append(session.conn)
         else:
             await self._to_pool(session.conn)

@@ -430,16 +430,26 @@ class RedisBackend(Backend):
         if self._cluster:
             script = _scripts.sharded(script)
         execute = self._link.execute
-        with self._errors:
-            try:
-                return await execute("EVALSHA", script.sha, numkeys, *args)
-            except ResponseError as exc:
-                if not _noscript(exc):
-                    raise
-                # After a restart, a failover or SCRIPT FLUSH: load it and try once more.
-                logger.debug("script %s not loaded on %s; loading", script.name, self._where)
-                await self._load(script, execute)
-                return await execute("EVALSHA", script.sha, numkeys, *args)
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
+        try:
+            with self._errors:
+                try:
+                    reply = await execute("EVALSHA", script.sha, numkeys, *args)
+                except ResponseError as exc:
+                    if not _noscript(exc):
+                        raise
+                    # After a restart, a failover or SCRIPT FLUSH: load it, try once more.
+                    logger.debug("script %s not loaded on %s; loading", script.name, self._where)
+                    await self._load(script, execute)
+                    reply = await execute("EVALSHA", script.sha, numkeys, *args)
+        except Exception as exc:
+            # A cancel swallowed by a first command must not be replaced by the error of
+            # a second one (the NOSCRIPT reload above, a reconnect).
+            _raise_swallowed_cancel(task, cancels, exc)
+            raise
+        _raise_swallowed_cancel(task, cancels)
+        return reply
 
     async def _load(self, script: _scripts.Script, execute: _Run) -> None:
         link = self._link
@@ -771,9 +781,12 @@ class RedisBackend(Backend):
                 for sentinel_client in sentinel.sentinels:
                     await sentinel_client.aclose()
 
+    async def leave(self, claim: Claim) -> None:
+        await self._dequeue(self._claim_keys(claim), claim.value)
+
     def straggle(self) -> float:
-        if isinstance(self._link, Pipe):
-            return 0.0  # one connection, replies in order; a cancel does not drop it
+        # Even the pipelined connection: a timed-out request's connection is dropped and
+        # the give-back goes out on a new one, which a proxy may deliver first.
         if isinstance(self._client, RedisCluster):
             kwargs = self._client.get_connection_kwargs()
         else:
@@ -833,10 +846,13 @@ class _Link:
         self._closed = False
 
     async def execute(self, *args: Any) -> Any:
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
         try:
             async with self.pinned() as run:
                 return await run(*args)
         except RedisConnectionError as exc:
+            _raise_swallowed_cancel(task, cancels, exc)
             if not isinstance(exc.__context__, ReadOnlyError):
                 raise
         # Sentinel: the master we were connected to was demoted and refused the command
@@ -849,6 +865,10 @@ class _Link:
         """One connection for several commands in a row (``WAIT`` after a write)."""
         if self._closed:
             raise RedisConnectionError("the coordinator was closed")
+        # Counted before any await: a connect (Sentinel asks the sentinels) can swallow a
+        # cancel as a send can (see _raise_swallowed_cancel).
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
         idle = self._idle
         kept = bool(idle)
         if kept:
@@ -858,7 +878,9 @@ class _Link:
 
         async def run(*args: Any) -> Any:
             await conn.send_packed_command(_pack(args), check_health=False)
-            return await conn.read_response()
+            reply = await conn.read_response()
+            _raise_swallowed_cancel(task, cancels)
+            return reply
 
         try:
             if kept:
@@ -893,6 +915,19 @@ class _Link:
             await self._pool.release(conn)
 
 
+def _raise_swallowed_cancel(
+    task: asyncio.Task[Any] | None, cancels: int, error: Exception | None = None
+) -> None:
+    """Raise the ``CancelledError`` of a cancel that arrived during redis-py commands and
+    did not surface (``cancels``: ``task.cancelling()`` before them). redis-py sends and
+    connects under ``asyncio.wait_for``, which on Python 3.11 returns the inner result
+    when the cancel lands as it finishes. The reply (or ``error``, which a cancel in
+    flight must not be replaced by) is dropped; the caller undoes what it may have done,
+    as for any interrupted request."""
+    if task is not None and task.cancelling() > cancels:
+        raise asyncio.CancelledError from error
+
+
 class _Run(Protocol):
     async def __call__(self, *args: Any) -> Any: ...
 
@@ -909,11 +944,12 @@ class _ClusterLink:
     burst of acquires waits for a connection as it does on one node.
     """
 
-    __slots__ = ("_client", "_closed", "_loading", "_slots")
+    __slots__ = ("_client", "_closed", "_loading", "_slots", "_tasks")
 
     def __init__(self, client: RedisCluster) -> None:
         self._client = client
         self._closed = False
+        self._tasks = TaskSet("Redis Cluster script loads")
         limit = int(client.get_connection_kwargs().get("max_connections") or 100)
         self._slots = asyncio.Semaphore(limit)
         self._loading: dict[str, asyncio.Future[None]] = {}
@@ -923,7 +959,10 @@ class _ClusterLink:
         at the same moment (a burst of first acquires, or after a failover)."""
         loading = self._loading.get(script.sha)
         if loading is None:
-            loading = self._loading[script.sha] = asyncio.ensure_future(self._load(script))
+            # Quiet: its error reaches every caller waiting for it.
+            loading = self._loading[script.sha] = self._tasks.spawn(
+                self._load(script), name=f"asynclock-script-load:{script.name}", quiet=True
+            )
             loading.add_done_callback(lambda _: self._loading.pop(script.sha, None))
         await asyncio.shield(loading)
 
@@ -935,10 +974,15 @@ class _ClusterLink:
         if self._closed:
             raise RedisConnectionError("the coordinator was closed")
         async with self._slots:
+            task = asyncio.current_task()
+            cancels = task.cancelling() if task is not None else 0
             for attempt in range(_CLUSTER_SEND_TRIES):
                 try:
-                    return await self._client.execute_command(*args)
-                except AttributeError as exc:
+                    reply = await self._client.execute_command(*args)
+                except Exception as exc:
+                    _raise_swallowed_cancel(task, cancels, exc)
+                    if not isinstance(exc, AttributeError):
+                        raise
                     # redis-py 8.1's cluster client can send on a connection that another
                     # task closed meanwhile (seen in failovers and under bursts): "'NoneType'
                     # object has no attribute 'writelines'". Nothing was sent, so sending
@@ -947,10 +991,14 @@ class _ClusterLink:
                         raise RedisConnectionError(
                             f"cluster connection closed under the command: {exc}"
                         ) from exc
+                else:
+                    _raise_swallowed_cancel(task, cancels)
+                    return reply
             raise AssertionError("not reached")
 
     async def aclose(self) -> None:
         self._closed = True
+        await self._tasks.close(1.0)
 
 
 class _Waiter:
@@ -1399,8 +1447,9 @@ class _Subscriber:
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            # Not `await reader` under suppress(CancelledError): that would also swallow a
+            # cancel of the task calling aclose().
+            await asyncio.wait({reader})
         self._conn = None
         opened, self._opened = self._opened, set()
         for conn in opened:
