@@ -735,10 +735,11 @@ async def test_cluster_a_cancel_while_sending_is_not_lost(
 
 async def _cancel_where(env: Env, op: Op, name: str, wanted: set[str]) -> set[str]:
     """Sweep ``op`` (every point checked) and return which ``wanted`` labels were among
-    the points cancelled at. Where paths vary from run to run (Redlock), a point may be
-    missed once: the sweep is run again, up to three times in all."""
+    the points cancelled at. Where paths vary from run to run (Redlock, more so on a
+    loaded machine), a point may be missed: the sweep is run again, up to eight times in
+    all (it stops as soon as every wanted point was hit)."""
     hit: set[str] = set()
-    for _ in range(3):
+    for _ in range(8):
         result = await sweep(env, op, name)
         assert not result.failures, "\n".join(result.failures)
         hit |= wanted & set(result.labels)
