@@ -180,6 +180,12 @@ class Lease:
             await self._quiet.wait()
         backend = self._coord.backend
         start = backend.clock.now()
+        shorter = start + new_ttl - backend.drift(new_ttl)
+        if shorter < self._valid_until:
+            # A shorter TTL: the server may apply it long before its reply comes back, and
+            # from then on keeps the lock only that long. Believe it from now on.
+            self._valid_until = shorter
+            self._coord._watchdog.expire_at(self, shorter)
         extended: bool | None = None
         self._begin_request()
         try:
