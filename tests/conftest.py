@@ -101,3 +101,14 @@ def memory_backend(coord: asynclock.Coordinator) -> MemoryBackend:
     backend = coord.backend
     assert isinstance(backend, MemoryBackend)
     return backend
+
+
+# --- tests/test_sim.py: the deterministic simulation (options and its marker) ----------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("sim", "deterministic simulation (tests/test_sim.py)")
+    group.addoption("--sim-seeds", default=None, help="seed range for -m sim: A:B, N or a,b,c")
+    group.addoption("--sim-seed", type=int, default=None, help="replay one simulation seed")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sim: long deterministic-simulation explorations")

@@ -1,0 +1,242 @@
+"""Mutation check: re-introduce fixed engine bugs; the default seeds must catch each.
+
+``python -m tests.sim.mutants`` (from the repository root) copies the ``asynclock``
+package to a temporary folder once per mutant, puts the fixed code back to its buggy
+form there (string replacements of the fix), runs the default seeds against that copy in
+a subprocess (stopping at the first failure), and reports per mutant: killed or
+survived, the first failing seed and its invariant, and the seconds to that failure.
+Exit status 1 if any mutant survives (or a replacement no longer applies: the engine
+changed under it, and the mutant must be brought up to date).
+
+The mutants (see ``git log`` for the fixes):
+
+- ``extend-race`` (4d9b495, 4eb4cc5): the watchdog's renewal reply sets validity from
+  the lease's current ``ttl`` instead of the ttl that request asked, and ``extend()``
+  does not wait for a renewal in flight (extends of one lease not ordered);
+- ``election-cancel`` (8eba980): a campaign cancelled during its "elected" or
+  "resigned" announcement leaves the lock without releasing it, a lease renewed forever;
+- ``grant-cancel`` (a2b8688): a grant that races a cancel while the wait is being left
+  (the waiter's exit suspends) is not given back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import asynclock
+
+from .runner import explore, parse_range
+
+__all__ = ("MUTANTS", "Mutant", "Outcome", "main", "run_mutant")
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The default run's seeds (tests/test_sim.py explores the same range).
+DEFAULT_SEEDS = "0:5000"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A re-introduced bug: in ``path`` (under asynclock/), ``old`` becomes ``new``."""
+
+    name: str
+    description: str
+    edits: tuple[tuple[str, str, str], ...]  # (path, fixed code, buggy code)
+
+
+MUTANTS = (
+    Mutant(
+        "extend-race",
+        "defect 1: renewal validity from the current lease.ttl; extends not ordered",
+        (
+            (
+                "_watchdog.py",
+                "                lease._confirmed(start, ttl)\n",
+                "                lease._confirmed(start, lease.ttl)\n",
+            ),
+            (
+                "_lock.py",
+                "            if not self._renewing:\n                break\n",
+                "            break\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "election-cancel",
+        "defect 2: a cancel during an election announcement leaks the lease",
+        (
+            (
+                "_election.py",
+                """        try:
+            await self._announce("elected", term)
+        except BaseException as exc:
+            # Cancelled (from outside, or by our own loss) while announcing: the caller
+            # never gets the term, so give the lease back here, and let the lock turn
+            # its own loss cancel into LeadershipLost.
+            self._terms.pop(task, None)
+            await self._lock.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return term
+""",
+                """        await self._announce("elected", term)
+        return term
+""",
+            ),
+            (
+                "_election.py",
+                """        try:
+            if term is not None and term.lease.held:
+                await self._announce("resigned", term)
+        except BaseException as interrupted:
+            await self._lock.__aexit__(type(interrupted), interrupted, interrupted.__traceback__)
+            raise
+        await self._lock.__aexit__(exc_type, exc, tb)
+""",
+                """        if term is not None and term.lease.held:
+            await self._announce("resigned", term)
+        await self._lock.__aexit__(exc_type, exc, tb)
+""",
+            ),
+        ),
+    ),
+    Mutant(
+        "grant-cancel",
+        "defect 3: a grant racing a cancel while leaving the wait is not given back",
+        (
+            (
+                "_lock.py",
+                "            if granted:\n                coord._discard(claim, self.ttl)\n",
+                "            if granted:\n                pass  # the grant is dropped\n",
+            ),
+        ),
+    ),
+)
+
+
+@dataclass
+class Outcome:
+    """What the seeds did to one mutant."""
+
+    mutant: str
+    killed: bool
+    seed: int | None
+    invariant: str
+    seconds: float
+    error: str = ""
+    report: str = ""
+
+
+def apply(mutant: Mutant, package: Path) -> None:
+    """Turn the fixed code in ``package`` (a copy of asynclock/) into the buggy code."""
+    for path, fixed, buggy in mutant.edits:
+        file = package / path
+        text = file.read_text()
+        if text.count(fixed) != 1:
+            raise LookupError(f"{mutant.name}: the fixed code is not (once) in {path}")
+        file.write_text(text.replace(fixed, buggy))
+
+
+def run_mutant(mutant: Mutant, seeds: str, jobs: int, timeout: float) -> Outcome:
+    """Run ``seeds`` against a copy of the package with ``mutant`` applied."""
+    with tempfile.TemporaryDirectory(prefix=f"asynclock-mutant-{mutant.name}-") as tmp:
+        package = Path(tmp) / "asynclock"
+        shutil.copytree(ROOT / "asynclock", package, ignore=shutil.ignore_patterns("__pycache__"))
+        try:
+            apply(mutant, package)
+        except LookupError as exc:
+            return Outcome(mutant.name, False, None, "", 0.0, str(exc))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(ROOT)]))
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        command = [
+            sys.executable,
+            "-m",
+            "tests.sim.mutants",
+            "--child",
+            "--seeds",
+            seeds,
+            "--jobs",
+            str(jobs),
+        ]
+        began = time.perf_counter()
+        try:
+            # Run from the copy's folder: the working directory comes first on sys.path,
+            # so the mutated asynclock is imported, and tests.sim from the repository.
+            proc = subprocess.run(  # noqa: S603 - our own interpreter and module
+                command,
+                cwd=tmp,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return Outcome(mutant.name, False, None, "", timeout, "timed out")
+        seconds = time.perf_counter() - began
+        lines = proc.stdout.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("FIRST "):
+                _, seed, invariant, after = line.split(" ", 3)
+                report = "\n".join(lines[i + 1 :])
+                return Outcome(mutant.name, True, int(seed), invariant, float(after), "", report)
+            if line.startswith("NONE"):
+                return Outcome(mutant.name, False, None, "", seconds)
+        return Outcome(mutant.name, False, None, "", seconds, proc.stderr[-2000:])
+
+
+def _child(seeds: str, jobs: int) -> int:
+    """In the subprocess: check the copy is the one imported, explore, say what failed."""
+    where = Path(asynclock.__file__).resolve().parent
+    if where == ROOT / "asynclock":
+        print("the mutated copy is not the package imported", file=sys.stderr)
+        return 2
+    summary = explore(parse_range(seeds), jobs=jobs, stop_at_first=True)
+    if summary.failures:
+        first = summary.failures[0]
+        print(f"FIRST {first.seed} {first.invariant} {summary.first_failure_after or 0.0:.2f}")
+        print(first.report())
+    else:
+        print(f"NONE {summary.seeds}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every mutant (or those named); exit 1 if one survives."""
+    parser = argparse.ArgumentParser(prog="python -m tests.sim.mutants", description=__doc__)
+    parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    parser.add_argument("--seeds", default=DEFAULT_SEEDS)
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--verbose", action="store_true", help="print each failure's report")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return _child(args.seeds, args.jobs)
+    chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
+    survived = False
+    for mutant in chosen:
+        outcome = run_mutant(mutant, args.seeds, args.jobs, args.timeout)
+        if outcome.killed:
+            print(
+                f"{mutant.name}: killed by seed {outcome.seed} ({outcome.invariant}) "
+                f"after {outcome.seconds:.1f}s  [{mutant.description}]"
+            )
+            if args.verbose:
+                print(outcome.report)
+        else:
+            survived = True
+            why = f": {outcome.error}" if outcome.error else ""
+            print(f"{mutant.name}: SURVIVED ({outcome.seconds:.1f}s){why}")
+        sys.stdout.flush()
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
