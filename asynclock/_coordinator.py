@@ -364,8 +364,10 @@ class Coordinator:
 
     def _leave(self, claim: Claim) -> None:
         """Leave the waiter queue ``claim`` joined, in the background (a waiter that
-        stopped before it could wait: its place would keep others out until it lapses)."""
-        self._spawn(self._leave_task(claim), name=f"asynclock-leave:{claim.name}")
+        stopped before it could wait: its place would keep others out until it lapses).
+        Not once closing began: the backend is going, and the place lapses."""
+        if not self._closed:
+            self._spawn(self._leave_task(claim), name=f"asynclock-leave:{claim.name}")
 
     async def _leave_task(self, claim: Claim) -> None:
         try:

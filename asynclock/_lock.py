@@ -448,37 +448,43 @@ class Lock:
         recorder.started()
         coord._in_flight += 1  # aclose() waits for these before closing the backend
         try:
-            return self._lease(claim, *await self._grant(claim), began)
+            return await self._take(claim, began)
         except BaseException as exc:
             recorder.failed(self.name, exc)
             raise
         finally:
             coord._acquire_ended()
 
+    async def _take(self, claim: Claim, began: float) -> Lease:
+        """Grants until one still has validity to hand over (or LockTimeout)."""
+        clock = self._coord.backend.clock
+        deadline = None if self.timeout is None else clock.now() + self.timeout
+        while True:
+            attempt, start = await self._grant(claim, deadline)
+            if attempt.start is not None:
+                start = attempt.start
+            left = self._left(start)
+            if left > 0:
+                return self._lease(claim, attempt, start, began)
+            # Spent after _attempt checked it: leaving the wait took that long (a Redlock
+            # unsubscribe waits up to node_timeout). Give it back and try again.
+            await self._give_back_late(claim, deadline, -left)
+            if self.timeout == 0 or (deadline is not None and clock.now() >= deadline):
+                raise LockTimeout(
+                    f"lock {self.name!r} was granted, but leaving the wait took the "
+                    "lease's validity; given back"
+                )
+
     def _lease(self, claim: Claim, attempt: Attempt, start: float, began: float) -> Lease:
         """The lease for a grant (no await between the grant and the caller holding it)."""
         coord = self._coord
         recorder = coord._recorder
-        if attempt.start is not None:
-            start = attempt.start
         assert attempt.fence is not None
         if coord.closed:
             # Granted while the coordinator closed: no lease may outlive aclose(). Give
             # the grant back (aclose() waits for that before closing the backend).
             coord._discard(claim, self.ttl)
             raise CoordinatorClosed(f"this Coordinator was closed while acquiring {self.name!r}")
-        backend = coord.backend
-        valid = self.ttl - backend.drift(self.ttl)
-        if valid - (backend.clock.now() - start) <= _LATE_GRANT * valid:
-            # Spent after _attempt checked it: leaving the wait took that long (a Redlock
-            # unsubscribe waits up to node_timeout). Not handed over; and not tried again
-            # with this claim while its give-back is on its way.
-            recorder.late_grant(self.name, valid - (backend.clock.now() - start))
-            coord._discard(claim, self.ttl)
-            raise LockTimeout(
-                f"lock {self.name!r} was granted, but leaving the wait took the lease's "
-                "whole validity; given back"
-            )
         lease = Lease(
             coord,
             claim,
@@ -493,12 +499,40 @@ class Lock:
         recorder.acquired(self.name, lease.fence, time.perf_counter() - began)
         return lease
 
-    async def _grant(self, claim: Claim) -> tuple[Attempt, float]:
+    def _left(self, start: float) -> float:
+        """How much validity a lease counted from ``start`` has beyond the late-grant
+        margin now (<= 0: too late to hand over)."""
+        backend = self._coord.backend
+        valid = self.ttl - backend.drift(self.ttl)
+        return valid - (backend.clock.now() - start) - _LATE_GRANT * valid
+
+    async def _give_back_late(self, claim: Claim, deadline: float | None, late: float) -> None:
+        """Release a grant that came too late, now: before another attempt with the same
+        claim could be granted (a background release could delete that one). Bounded
+        like the attempt: by the caller's deadline, and by the lease itself (a server
+        that does not answer drops it then anyway)."""
+        coord = self._coord
+        backend = coord.backend
+        ttl = self.ttl
+        coord._recorder.late_grant(self.name, _LATE_GRANT * (ttl - backend.drift(ttl)) - late)
+        bound = ttl if deadline is None else max(deadline - backend.clock.now(), _EXPIRY_MARGIN)
+        try:
+            async with asyncio.timeout(bound):
+                await backend.release(claim)
+        except BaseException as exc:
+            coord._discard(claim, ttl)
+            if isinstance(exc, TimeoutError):
+                raise LockTimeout(
+                    f"lock {self.name!r}: a grant came too late and "
+                    f"{backend.describe()} did not confirm its release in time"
+                ) from exc
+            raise
+
+    async def _grant(self, claim: Claim, deadline: float | None) -> tuple[Attempt, float]:
         """Attempts until granted (or LockTimeout): the grant and when validity starts."""
         backend = self._coord.backend
         clock = backend.clock
         timeout = self.timeout
-        deadline = None if timeout is None else clock.now() + timeout
         start = clock.now()
         attempt = await self._attempt(claim, deadline)
         if attempt.fence is None:
@@ -578,31 +612,13 @@ class Lock:
         attempt = await self._try(claim, deadline)
         if attempt.fence is None:
             return attempt
-        ttl = self.ttl
-        begin = sent if attempt.start is None else attempt.start
-        valid = ttl - backend.drift(ttl)
-        left = valid - (clock.now() - begin)
-        if left > _LATE_GRANT * valid:
+        left = self._left(sent if attempt.start is None else attempt.start)
+        if left > 0:
             return attempt
         # The reply came so late that the lease is (almost) over before the body could
         # start: handing it over would run the body unprotected while another holder may
-        # be granted any moment. Give it back now, before another attempt with the same
-        # claim could be granted (a background release could delete that one).
-        self._coord._recorder.late_grant(self.name, left)
-        # Bounded like the attempt: by the caller's deadline, and by the lease itself (a
-        # server that does not answer drops it then anyway).
-        bound = ttl if deadline is None else max(deadline - clock.now(), _EXPIRY_MARGIN)
-        try:
-            async with asyncio.timeout(bound):
-                await backend.release(claim)
-        except BaseException as exc:
-            self._coord._discard(claim, ttl)
-            if isinstance(exc, TimeoutError):
-                raise LockTimeout(
-                    f"lock {self.name!r}: a grant came too late and "
-                    f"{backend.describe()} did not confirm its release in time"
-                ) from exc
-            raise
+        # be granted any moment. Give it back and read it as refused.
+        await self._give_back_late(claim, deadline, -left)
         return _LATE
 
     async def _try(self, claim: Claim, deadline: float | None) -> Attempt:

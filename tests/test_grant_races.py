@@ -193,3 +193,33 @@ class TestLateGrant:
             with pytest.raises(asynclock.LockTimeout, match="did not confirm its release"):
                 await coord.lock("late", ttl=0.2, timeout=1.0).acquire()
             assert loop.time() - start < 1.5
+
+    async def test_a_grant_spent_while_leaving_the_wait_is_taken_again(self) -> None:
+        """Leaving the wait (a Redlock unsubscribe waits up to node_timeout) took the
+        grant's whole validity: it is given back and the acquire, which may wait forever,
+        takes the lock again (it raised LockTimeout with ``timeout=None``)."""
+
+        class SlowToLeaveAfterAGrant(MemoryBackend):
+            def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
+                inner = super().waiter(name)
+
+                @asynccontextmanager
+                async def slow() -> AsyncIterator[WakeSlot]:
+                    async with inner as slot:
+                        try:
+                            yield slot
+                        finally:
+                            await asyncio.sleep(1.0)
+
+                return slow()
+
+        async with asynclock.Coordinator(SlowToLeaveAfterAGrant()) as coord:
+            lock = coord.lock("x", ttl=1.0, timeout=None)
+            holder = await lock.acquire()
+            asyncio.get_running_loop().call_later(
+                0.2, lambda: asyncio.ensure_future(holder.release())
+            )
+            lease = await lock.acquire()
+            assert lease.expires_in > 0.5
+            assert coord.stats().late_grants == 1
+            await lease.release()

@@ -291,6 +291,29 @@ class TestSessionLocks:
             for lease in held[2:]:
                 await lease.release()
 
+    async def test_a_connection_kept_idle_goes_back_when_the_pool_fills_later(
+        self, asynclock_postgres_dsn: str, namespace: str
+    ) -> None:
+        """A connection kept for the next lease while the pool had room goes back to the
+        pool within about a second: an acquire queued in the pool after it filled up
+        (``inspect()``, the application sharing the pool) does not wait for a lease's
+        release (it waited forever)."""
+        async with asynclock.connect(
+            asynclock_postgres_dsn, namespace=namespace, max_connections=4
+        ) as coord:
+            backend = coord.backend
+            assert isinstance(backend, PostgresBackend)
+            leases = [await coord.lock(n, ttl=30).acquire() for n in "abc"]
+            await leases[0].release()  # the pool has room: kept for the next lease
+            app_conn = await backend.pool.acquire()  # the pool's fourth and last
+            try:
+                async with asyncio.timeout(3):
+                    assert await coord.inspect("b") is not None
+            finally:
+                await backend.pool.release(app_conn)
+            for lease in leases[1:]:
+                await lease.release()
+
 
 class TestCancelSafety:
     @pytest.mark.timeout(180)

@@ -116,6 +116,10 @@ _RESET = (
 # How often a server backend waiting in the lock queue checks that its client is still
 # there (PostgreSQL >= 14): a killed waiter leaves the queue within this.
 _CHECK_INTERVAL_MS = 1000
+# How long a connection is kept out of the pool for the next lease after its last one
+# (back-to-back leases skip the pool's checkout): then it goes back to the pool, where
+# others may be queued.
+_KEEP_IDLE = 1.0
 # Lock acquire statements: try once; try before a wait; wait in the queue.
 _TRY, _TRY_BEFORE_WAIT, _WAIT = "try", "try-before-wait", "wait"
 # Permit scans: not waiting; the first scan of a wait (takes the waiting flag); later
@@ -142,12 +146,13 @@ class _Conn:
     two-statement lease); the proxy is what goes back to the pool.
     """
 
-    __slots__ = ("configured", "proxy", "raw")
+    __slots__ = ("configured", "idle_since", "proxy", "raw")
 
     def __init__(self, proxy: Any) -> None:
         self.proxy = proxy
         self.raw = getattr(proxy, "_con", None) or proxy
         self.configured = False
+        self.idle_since = 0.0  # when it was last kept idle (loop time)
 
 
 class _Permit:
@@ -436,6 +441,7 @@ class PostgresBackend(Backend):
         self._sessions: set[_Session] = set()
         # Clean connections kept out of the pool between leases.
         self._idle: list[_Conn] = []
+        self._sweeper: asyncio.TimerHandle | None = None
         self._keep = max(1, min(8, pool.get_max_size() // 4))
         # LISTEN/NOTIFY for announcements: mailboxes by channel, one listening connection.
         self._listeners: dict[str, dict[_Sink, int]] = {}
@@ -1016,6 +1022,9 @@ class PostgresBackend(Backend):
 
     async def aclose(self) -> None:
         self._closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         # Whatever still waits in the server's queue (or was not released in time) ends
         # with its session.
         for session in list(self._sessions):
@@ -1073,9 +1082,32 @@ class PostgresBackend(Backend):
         # in pool.acquire(), which never looks at connections kept here.
         room = pool.get_idle_size() > 0 or pool.get_size() < pool.get_max_size()
         if room and len(self._idle) < self._keep and not self._closing:
-            self._idle.append(session.conn)
+            conn = session.conn
+            loop = asyncio.get_running_loop()
+            conn.idle_since = loop.time()
+            self._idle.append(conn)
+            if self._sweeper is None:
+                self._sweeper = loop.call_later(_KEEP_IDLE, self._sweep_idle)
         else:
             await self._to_pool(session.conn)
+
+    def _sweep_idle(self) -> None:
+        """Give connections kept idle for ``_KEEP_IDLE`` back to the pool: the pool may
+        have filled up since (the application's own acquires, inspect(), a queued
+        acquire), and pool.acquire() never looks at connections kept here."""
+        self._sweeper = None
+        if self._closing:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        stale = [conn for conn in self._idle if now - conn.idle_since >= _KEEP_IDLE]
+        if stale:
+            self._idle = [conn for conn in self._idle if now - conn.idle_since < _KEEP_IDLE]
+            for conn in stale:
+                self._background.spawn(self._to_pool(conn), name="asynclock-pg-to-pool")
+        if self._idle:
+            first = min(conn.idle_since for conn in self._idle)
+            self._sweeper = loop.call_later(max(first + _KEEP_IDLE - now, 0.01), self._sweep_idle)
 
     async def _to_pool(self, conn: _Conn) -> None:
         """Reset what asynclock may have changed and return the connection to the pool."""

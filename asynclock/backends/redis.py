@@ -463,6 +463,23 @@ class RedisBackend(Backend):
         (``undo`` gives the grant back when too few replicas confirmed)."""
         link = self._link
         assert isinstance(link, _Link)  # sync_replicas never uses the pipelined link
+        wanted = self._sync_replicas
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
+        try:
+            reply, confirmed = await self._run_synced(link, call, undo)
+        except Exception as exc:
+            _raise_swallowed_cancel(task, cancels, exc)  # not replaced by the error
+            raise
+        if confirmed < wanted:
+            raise BackendError(
+                f"{self._where}: the lock reached {confirmed} of the {wanted} replicas "
+                f"sync_replicas asks for within {self._sync_timeout_ms / 1000:g}s"
+            )
+        return reply
+
+    async def _run_synced(self, link: _Link, call: Call, undo: Call) -> tuple[int, int]:
+        """``(acquire reply, replicas confirmed)``; a refused acquire waits for none."""
         script, numkeys, args = call
         wanted = self._sync_replicas
         with self._errors:
@@ -475,17 +492,12 @@ class RedisBackend(Backend):
                     await self._load(script, run)
                     reply = int(await run("EVALSHA", script.sha, numkeys, *args))
                 if reply <= 0:
-                    return reply
+                    return reply, wanted
                 confirmed = int(await run("WAIT", wanted, self._sync_timeout_ms))
                 if confirmed < wanted:
                     # Not durable enough for the caller: give the grant back now.
                     await self.run(undo)
-        if confirmed < wanted:
-            raise BackendError(
-                f"{self._where}: the lock reached {confirmed} of the {wanted} replicas "
-                f"sync_replicas asks for within {self._sync_timeout_ms / 1000:g}s"
-            )
-        return reply
+        return reply, confirmed
 
     def retention_ms(self, ttl: float) -> int:
         """ms the fence counter outlives the lock's last use: never less than 2 ttl."""
@@ -1445,11 +1457,16 @@ class _Subscriber:
             timer.cancel()
         self._lingering.clear()
         reader, self._reader = self._reader, None
+        cancelled: asyncio.CancelledError | None = None
         if reader is not None:
             reader.cancel()
             # Not `await reader` under suppress(CancelledError): that would also swallow a
-            # cancel of the task calling aclose().
-            await asyncio.wait({reader})
+            # cancel of the task calling aclose(). That cancel is raised once the rest of
+            # the close has run.
+            try:
+                await asyncio.wait({reader})
+            except asyncio.CancelledError as exc:
+                cancelled = exc
         self._conn = None
         opened, self._opened = self._opened, set()
         for conn in opened:
@@ -1464,6 +1481,8 @@ class _Subscriber:
         self._refs.clear()
         self._connection_lost(closed)
         await self._tasks.close(1.0)
+        if cancelled is not None:
+            raise cancelled
 
 
 class _Source(Protocol):

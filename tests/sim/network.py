@@ -203,6 +203,11 @@ class Net:
             if req.fate != "late" or req.applied or conn.index < 0:
                 return
             self.record("late", f"{req.op} #{req.id} lands after its connection's reset")
+            # Part of that reset: what it does (a renewal extending a lease its client
+            # already gave up) is the fault's doing, and the give-back bound counts from it.
+            self.last_fault[conn.client] = max(
+                self.last_fault.get(conn.client, -1.0), self.world.now
+            )
             self._apply(req)
             return
         result = self._apply(req)

@@ -164,6 +164,7 @@ class _Sim:
             fault_end=self.fault_end,
             record=self.record,
         )
+        self.checker.max_ttl = max(_TTLS)
         self.checker.limits["S"] = _SEM_LIMIT
         self.ops: list[OpRecord] = []
         self.tasks: dict[int, asyncio.Task[None]] = {}
