@@ -11,6 +11,7 @@ runs are marked ``chaos`` and run only when selected: ``pytest -m chaos`` (or wi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -25,6 +26,8 @@ from asynclock.testing.chaos import (
     unsupported,
 )
 
+from .chaos_mutants import MUTANTS
+
 SHORT = 20.0
 FULL = 60.0
 
@@ -35,7 +38,9 @@ def _full_selected(config: pytest.Config) -> bool:
     return chosen or os.environ.get("ASYNCLOCK_CHAOS", "") not in ("", "0")
 
 
-async def _run(request: pytest.FixtureRequest, backend: str, duration: float) -> ChaosReport:
+async def _run(
+    request: pytest.FixtureRequest, backend: str, duration: float, patch: str | None = None
+) -> ChaosReport:
     reason = await unsupported(backend)
     if reason is not None:
         pytest.skip(reason)
@@ -48,7 +53,7 @@ async def _run(request: pytest.FixtureRequest, backend: str, duration: float) ->
         topology = request.getfixturevalue(f"asynclock_{backend}")
     try:
         report = await run_scenario(
-            scenario(backend, duration),
+            dataclasses.replace(scenario(backend, duration), patch=patch),
             valkey_factory=valkeys,
             postgres_factory=postgres,
             topology=topology,
@@ -65,6 +70,8 @@ def _check(report: ChaosReport) -> None:
     assert report.lost == 0, report.table()
     assert report.history_errors == 0, report.table()
     assert report.operations > 0, report.table()
+    assert report.writes_after_loss == 0, report.table()
+    assert report.late_entries == 0, report.table()
     assert report.leases_lost + report.stale_rejected > 0, report.table()
     assert report.problems == [], report.table()
 
@@ -84,3 +91,16 @@ async def test_full_chaos_run(request: pytest.FixtureRequest, backend: str) -> N
     if not _full_selected(request.config):
         pytest.skip("full 60 s chaos run: select it with -m chaos (or ASYNCLOCK_CHAOS=1)")
     _check(await _run(request, backend, FULL))
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+@pytest.mark.timeout(150)
+async def test_the_runner_catches_a_broken_lock(
+    request: pytest.FixtureRequest, mutant: str
+) -> None:
+    """The same 20 s Redis run on a deliberately broken lock (tests/chaos_mutants.py)
+    must report problems: otherwise its "no problems" on the real lock means nothing."""
+    report = await _run(request, "redis", SHORT, MUTANTS[mutant])
+    for problem in report.problems:
+        print(f"  PROBLEM: {problem}")
+    assert report.problems, f"{mutant}: the runner said OK\n{report.table()}"

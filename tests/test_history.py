@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -17,7 +18,9 @@ from asynclock.testing.history import (
     Ack,
     FencedLog,
     FenceRejected,
+    Grant,
     check,
+    check_grants,
     dump_acks,
     load_acks,
 )
@@ -276,6 +279,59 @@ class TestBrokenRuns:
         kinds = {v.kind for v in report.violations}
         assert "fence-backwards" in kinds
         assert not report.ok
+
+    async def test_an_entry_missing_at_the_end_with_no_acks_is_a_gap(
+        self, log: FencedLog, client: Redis
+    ) -> None:
+        """The last entry removed and no acks to miss it: the resource's own count of
+        writes still shows the hole (it used to pass as a shorter, clean history)."""
+        await raw_section(log, 1, "a", "a:0")
+        assert await client.rpop(log.key) is not None
+        last = (await log.counters())["seq"]
+        report = check(await log.read(), last_seq=last)
+        assert [v.kind for v in report.violations] == ["gap"]
+        assert "missing at the end" in str(report)
+        assert check(await log.read()).ok  # without the count, nothing to tell
+
+    async def test_a_start_only_section_cut_in_on_is_two_holders(self, log: FencedLog) -> None:
+        """A holder writes its start believing its lease valid for 5 s and writes no more;
+        another holder starts 0.1 s later: in the resource's order nothing interleaves,
+        but two holders believed at once."""
+        now = time.time()
+        await log.append(1, "a", "", "start", state="held", valid_until=now + 5)
+        await log.append(2, "b", "", "start", state="held", valid_until=now + 5)
+        report = check(await log.read(), log.acknowledged)
+        assert [v.kind for v in report.violations] == ["overlap-in-time"]
+        # The same two sections one after the other are fine.
+        await log.clear()
+        await log.append(3, "a", "", "start", state="held", valid_until=time.time() + 0.01)
+        await asyncio.sleep(0.05)
+        await log.append(4, "b", "", "start", state="held", valid_until=time.time() + 5)
+        assert check(await log.read()).ok
+
+    async def test_a_write_accepted_after_a_loss_is_a_violation(self, log: FencedLog) -> None:
+        """The writer knew its lease lost (or expired) and wrote anyway: a violation when
+        the resource accepted it, counted either way."""
+        await log.append(1, "a", "", "start", state="held", valid_until=time.time() + 0.01)
+        await asyncio.sleep(0.05)
+        await log.append(1, "a", "x", "op", state="expired", valid_until=time.time())
+        await log.append(2, "b", "", "start", state="held", valid_until=time.time() + 1)
+        await log.append(1, "a", "y", "op", state="lost", valid_until=time.time())  # rejected
+        report = check(await log.read(), log.acknowledged, exclusive=False)
+        assert [v.kind for v in report.violations] == ["write-after-loss"]
+        assert report.writes_after_loss == 2
+
+    def test_grants_with_repeated_or_smaller_fences(self) -> None:
+        """Fences per name are unique and grow with the order of grants."""
+        ok = [Grant("n", 1, "a", 0.0, 1.0, 1.0), Grant("n", 2, "b", 1.5, 2.0, 1.0)]
+        assert check_grants(ok) == []
+        again = [*ok, Grant("n", 2, "c", 3.0, 3.5, 1.0)]
+        assert {v.kind for v in check_grants(again)} == {"fence-reused", "fence-backwards"}
+        # c was granted 1000 before b even asked; b then got 2.
+        back = [*ok, Grant("n", 1_000, "c", 0.5, 0.9, 1.0)]
+        assert [v.kind for v in check_grants(back)] == ["fence-backwards"]
+        other_name = [*ok, Grant("m", 1, "c", 3.0, 3.5, 1.0)]
+        assert check_grants(other_name) == []
 
 
 class TestAcrossProcesses:

@@ -41,7 +41,21 @@ union of any number of such lists.
 (b) nothing acknowledged was lost: every entry a client saw accepted is in the log,
     accepted (and the log's sequence numbers have no holes);
 (c) fences never go backwards: each accepted entry carries a fence at least as large as
-    every accepted entry before it.
+    every accepted entry before it;
+(d) one believer at a time: when writers say until when they believe their lease valid
+    (``valid_until``), no holder starts writing (client time) before another holder's
+    belief has ended (its largest ``valid_until``, or its ``end`` entry if earlier).
+    This is exclusion in time, not only in the resource's order: it catches two
+    holders at once even when the fence kept every write in order;
+(e) no write after a loss is accepted: an entry whose writer said its lease was already
+    ``lost`` or ``expired`` when it decided to write is a violation when accepted (and
+    counted in :attr:`Report.writes_after_loss` either way);
+(f) nothing missing at the end: given the resource's own count of writes
+    (``last_seq``), the log must reach it.
+
+:func:`check_grants` checks the grants themselves (every acquisition, recorded by the
+holders as :class:`Grant`): fences are unique per name and never smaller than a grant
+made before the acquire was even requested.
 
 To check a resource of your own instead, record its history as :class:`Entry` values
 (``seq`` in the resource's order) and pass them to :func:`check` with your clients' acks.
@@ -66,16 +80,20 @@ __all__ = (
     "Entry",
     "FenceRejected",
     "FencedLog",
+    "Grant",
     "Report",
     "Section",
     "Violation",
     "check",
+    "check_grants",
     "dump_acks",
     "load_acks",
 )
 
 Kind = Literal["start", "op", "end"]
 KINDS: tuple[Kind, ...] = ("start", "op", "end")
+STATES = ("", "held", "lost", "expired")
+"""What a writer may say of its lease (see :meth:`FencedLog.append`); "" = not said."""
 
 # KEYS[1] the log (a list of JSON entries, in server order)
 # KEYS[2] the log's state (a hash: fence = largest accepted fence, seq, accepted, stale)
@@ -109,6 +127,8 @@ return {accepted, seq}
 _READ_CHUNK = 10_000
 # How many violations __str__ lists before "... and N more".
 _SHOWN = 20
+# Client times closer than this are "at once" (float noise, not an overlap).
+_SAME_TIME = 1e-4
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -118,6 +138,8 @@ class Entry:
     ``seq`` orders entries in the resource (1, 2, 3… for a :class:`FencedLog`);
     ``id`` is unique per attempt (what acks refer to); ``time`` is the client's
     ``time.time()`` when it sent the write, ``server_time`` the server's clock.
+    ``state`` and ``valid_until`` are what the writer believed of its lease when it
+    decided to write (see :meth:`FencedLog.append`); empty and None when not given.
     """
 
     seq: int
@@ -129,6 +151,8 @@ class Entry:
     accepted: bool
     time: float = 0.0
     server_time: float = 0.0
+    state: str = ""
+    valid_until: float | None = None
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Entry:
@@ -144,6 +168,8 @@ class Entry:
             accepted=bool(data["accepted"]),
             time=float(data.get("time", 0.0)),
             server_time=float(data.get("server_time", 0.0)),
+            state=str(data.get("state", "")),
+            valid_until=None if data.get("valid") is None else float(data["valid"]),
         )
 
     @property
@@ -236,14 +262,27 @@ class FencedLog:
         self.acknowledged: list[Ack] = []
         """Every write this object saw answered, accepted or rejected, in order."""
 
-    async def append(self, fence: int, holder: str, op: str = "", kind: Kind = "op") -> Ack:
+    async def append(
+        self,
+        fence: int,
+        holder: str,
+        op: str = "",
+        kind: Kind = "op",
+        *,
+        state: str = "",
+        valid_until: float | None = None,
+    ) -> Ack:
         """Write one entry; the :class:`Ack` says whether the resource accepted it.
 
         ``fence`` is the writer's fencing token (``lease.fence``); ``holder`` names the
         writer; ``op`` labels the operation; ``kind`` is ``"start"``, ``"op"`` or
-        ``"end"``. Raises ``ValueError``/``TypeError`` for bad arguments and redis-py's
-        errors when the server cannot be reached (the outcome is then unknown and nothing
-        is recorded as acknowledged).
+        ``"end"``. ``state`` and ``valid_until`` record what the writer believed of its
+        lease when it decided to write: ``"held"``, ``"lost"`` (``lease.lost``) or
+        ``"expired"`` (``lease.expires_in`` was 0), and until when (``time.time()`` +
+        ``lease.expires_in``); :func:`check` holds them against the history. Raises
+        ``ValueError``/``TypeError`` for bad arguments and redis-py's errors when the
+        server cannot be reached (the outcome is then unknown and nothing is recorded
+        as acknowledged).
         """
         if isinstance(fence, bool) or not isinstance(fence, int):
             raise TypeError(f"fence must be an int, got {type(fence).__name__}")
@@ -253,19 +292,23 @@ class FencedLog:
             raise TypeError("holder and op must be str")
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        if state not in STATES:
+            raise ValueError(f"state must be one of {STATES!r}, got {state!r}")
         write_id = secrets.token_hex(8)
         sent = time.time()
-        body = json.dumps(
-            {
-                "id": write_id,
-                "fence": fence,
-                "holder": holder,
-                "op": op,
-                "kind": kind,
-                "time": sent,
-            },
-            separators=(",", ":"),
-        )
+        fields: dict[str, Any] = {
+            "id": write_id,
+            "fence": fence,
+            "holder": holder,
+            "op": op,
+            "kind": kind,
+            "time": sent,
+        }
+        if state:
+            fields["state"] = state
+        if valid_until is not None:
+            fields["valid"] = valid_until
+        body = json.dumps(fields, separators=(",", ":"))
         reply = await self._script(keys=[self.key, self.state_key], args=[str(fence), body])
         accepted, seq = int(reply[0]), int(reply[1])
         ack = Ack(write_id, seq, fence, holder, op, kind, accepted == 1, sent)
@@ -394,6 +437,8 @@ class Report:
     violations: tuple[Violation, ...]
     lost: tuple[Ack, ...]
     fenced_off: tuple[Violation, ...]
+    writes_after_loss: int = 0
+    """Entries (accepted or not) whose writer knew its lease lost or expired."""
 
     @property
     def ok(self) -> bool:
@@ -455,16 +500,35 @@ class _Span:
         return None
 
 
-def check(entries: Iterable[Entry], *acknowledged: Iterable[Ack], exclusive: bool = True) -> Report:
+def check(
+    entries: Iterable[Entry],
+    *acknowledged: Iterable[Ack],
+    exclusive: bool = True,
+    last_seq: int | None = None,
+) -> Report:
     """Check a history (entries in any order; sorted by ``seq``) against the union of
     the clients' ``acknowledged`` lists. See the module docstring for what is checked;
-    ``exclusive=False`` lets a section be fenced off without it being a violation."""
+    ``exclusive=False`` lets a section be fenced off without it being a violation;
+    ``last_seq`` is the resource's own count of writes (:meth:`FencedLog.counters`
+    ``["seq"]``), which the log must reach."""
     log = sorted(entries, key=lambda e: e.seq)
     acks: dict[str, Ack] = {}
     for group in acknowledged:
         for ack in group:
             acks.setdefault(ack.id, ack)
-    violations = _fences_backwards(log) + _gaps(log)
+    violations = _fences_backwards(log) + _gaps(log, last_seq)
+    violations += _believers(log)
+    after_loss = [entry for entry in log if entry.state in ("lost", "expired")]
+    violations += [
+        Violation(
+            "write-after-loss",
+            f"entry {entry.seq} ({entry.kind} of {_who(entry)}) was accepted although its "
+            f"writer knew its lease {entry.state} when it wrote",
+            (entry.seq,),
+        )
+        for entry in after_loss
+        if entry.accepted
+    ]
     spans, strays = _sections(log)
     violations += strays
     overlaps, fenced_off = _overlaps(log, spans)
@@ -484,6 +548,7 @@ def check(entries: Iterable[Entry], *acknowledged: Iterable[Ack], exclusive: boo
         violations=tuple(violations),
         lost=tuple(lost),
         fenced_off=tuple(fenced_off),
+        writes_after_loss=len(after_loss),
     )
 
 
@@ -617,9 +682,50 @@ def _overlap(span: _Span, intruder: Entry) -> Violation:
     )
 
 
-def _gaps(log: Sequence[Entry]) -> list[Violation]:
-    """Holes in the sequence numbers (entries removed from the log) and repeated ones
-    (the resource's counter was reset while its log stayed)."""
+def _believers(log: Sequence[Entry]) -> list[Violation]:
+    """(d): sections (by fence and holder, accepted or not) whose writers believed their
+    leases valid at the same time. A section believes from its first write until its
+    largest ``valid_until`` (or its ``end`` entry, if earlier); the next section's first
+    write must come after that. Writes whose writer knew its lease lost or expired do
+    not extend a belief."""
+    begin: dict[tuple[int, str], Entry] = {}
+    until: dict[tuple[int, str], float] = {}
+    ended: dict[tuple[int, str], float] = {}
+    for entry in log:
+        key = entry.section
+        first = begin.get(key)
+        if first is None or entry.time < first.time:
+            begin[key] = entry
+        if entry.valid_until is not None and entry.state not in ("lost", "expired"):
+            # A writer that knew its lease gone believes nothing (see (e) for its write).
+            until[key] = max(until.get(key, entry.valid_until), entry.valid_until)
+        if entry.kind == "end":
+            ended[key] = min(ended.get(key, entry.time), entry.time)
+    found: list[Violation] = []
+    believer: tuple[tuple[int, str], float] | None = None  # the latest belief so far
+    for key in sorted(until, key=lambda k: begin[k].time):
+        first = begin[key]
+        if believer is not None and first.time < believer[1] - _SAME_TIME:
+            other, end = believer
+            found.append(
+                Violation(
+                    "overlap-in-time",
+                    f"{_who(first)} wrote (entry {first.seq}) at {first.time:.6f} while "
+                    f"'{other[1]}' fence {other[0]} still believed its lease valid until "
+                    f"{end:.6f}: two holders at once",
+                    (begin[other].seq, first.seq),
+                )
+            )
+        end = min(until[key], ended.get(key, until[key]))
+        if believer is None or end > believer[1]:
+            believer = (key, end)
+    return found
+
+
+def _gaps(log: Sequence[Entry], last_seq: int | None = None) -> list[Violation]:
+    """Holes in the sequence numbers (entries removed from the log), repeated ones (the
+    resource's counter was reset while its log stayed), and, given the resource's own
+    count, entries missing at the end."""
     found: list[Violation] = []
     expected = 1
     for entry in log:
@@ -642,4 +748,76 @@ def _gaps(log: Sequence[Entry]) -> list[Violation]:
                 )
             )
         expected = max(expected, entry.seq + 1)
+    if last_seq is not None and last_seq >= expected:
+        span = f"entry {expected}" if expected == last_seq else f"entries {expected}..{last_seq}"
+        found.append(
+            Violation(
+                "gap",
+                f"{span} missing at the end of the log (the resource counted {last_seq} writes)",
+                tuple(range(expected, last_seq + 1))[:_SHOWN],
+            )
+        )
+    return found
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Grant:
+    """One acquisition, as its holder saw it: ``fence`` for ``name``, requested at
+    ``requested`` and granted at ``granted`` (both ``time.time()``), and the lease's
+    ``expires_in`` when the holder got it."""
+
+    name: str
+    fence: int
+    holder: str
+    requested: float
+    granted: float
+    expires_in: float
+
+    def to_list(self) -> list[Any]:
+        """A JSON-ready list (the inverse of :meth:`from_list`)."""
+        return [self.name, self.fence, self.holder, self.requested, self.granted, self.expires_in]
+
+    @classmethod
+    def from_list(cls, data: Sequence[Any]) -> Grant:
+        name, fence, holder, requested, granted, expires_in = data
+        return cls(
+            str(name), int(fence), str(holder), float(requested), float(granted), float(expires_in)
+        )
+
+
+def check_grants(grants: Iterable[Grant]) -> list[Violation]:
+    """Fences per name are unique, and never smaller than (or equal to) that of a grant
+    its holder had already seen before the next acquire was requested."""
+    found: list[Violation] = []
+    by_name: dict[str, list[Grant]] = {}
+    for grant in grants:
+        by_name.setdefault(grant.name, []).append(grant)
+    for name, seen in by_name.items():
+        fences: dict[int, Grant] = {}
+        for grant in seen:
+            twin = fences.get(grant.fence)
+            if twin is not None:
+                found.append(
+                    Violation(
+                        "fence-reused",
+                        f"{name!r}: fence {grant.fence} granted to {twin.holder!r} and "
+                        f"to {grant.holder!r}",
+                    )
+                )
+            fences[grant.fence] = grant
+        ordered = sorted(seen, key=lambda g: g.granted)
+        best: Grant | None = None  # the largest fence granted so far (by grant time)
+        for grant in sorted(seen, key=lambda g: g.requested):
+            while ordered and ordered[0].granted < grant.requested:
+                done = ordered.pop(0)
+                if best is None or done.fence > best.fence:
+                    best = done
+            if best is not None and grant.fence <= best.fence and grant is not best:
+                found.append(
+                    Violation(
+                        "fence-backwards",
+                        f"{name!r}: {grant.holder!r} was granted fence {grant.fence}, "
+                        f"requested after {best.holder!r} had been granted {best.fence}",
+                    )
+                )
     return found

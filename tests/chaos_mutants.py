@@ -1,0 +1,93 @@
+"""Deliberately broken locks, for checking that the chaos runner catches them.
+
+Each function patches asynclock in a chaos worker process before it starts (the runner's
+``Scenario.patch = "tests.chaos_mutants:<name>"``). A runner that reports no problem on
+any of them proves nothing by reporting none on the real lock
+(``tests/test_chaos.py::test_the_runner_catches_a_broken_lock``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asynclock import _lock
+from asynclock.backends import _scripts
+from asynclock.backends.base import Attempt, Backend
+from asynclock.backends.redis import RedisBackend
+
+__all__ = ("MUTANTS",)
+
+
+def _script(script: _scripts.Script, old: str, new: str) -> _scripts.Script:
+    assert old in script.source, f"the mutant no longer applies to {script.name}"
+    return _scripts.Script(f"{script.name}_mutant", script.source.replace(old, new))
+
+
+def always_grants() -> None:
+    """The acquire script takes the lock whoever holds it (SET without NX)."""
+    _scripts.ACQUIRE = _script(
+        _scripts.ACQUIRE,
+        "redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])",
+        "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])",
+    )
+
+
+def never_loses() -> None:
+    """The watchdog never declares a lease lost (a refused renewal goes unnoticed)."""
+    _lock.Lease._lose = lambda self, reason: None  # type: ignore[method-assign]
+
+
+def _with_fence(fence: Any) -> None:
+    original = RedisBackend.try_acquire
+
+    async def try_acquire(self: RedisBackend, claim: Any, ttl: float, **kw: Any) -> Attempt:
+        attempt = await original(self, claim, ttl, **kw)
+        if attempt.fence is None:
+            return attempt
+        return Attempt(fence(attempt.fence), attempt.retry_after, attempt.start)
+
+    RedisBackend.try_acquire = try_acquire  # type: ignore[method-assign]
+
+
+def same_fence() -> None:
+    """Every grant gets the same fence."""
+    _with_fence(lambda fence: 1)
+
+
+def decreasing_fences() -> None:
+    """Fences go down as time goes on."""
+    _with_fence(lambda fence: 2**52 - fence)
+
+
+def release_anyones() -> None:
+    """Release deletes the lock whoever holds it (no owner check)."""
+    _scripts.RELEASE = _script(
+        _scripts.RELEASE,
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then",
+        "if redis.call('DEL', KEYS[1]) >= 0 then",
+    )
+
+
+def long_validity() -> None:
+    """Leases believe three times their TTL."""
+    Backend.drift = lambda self, ttl: -2 * ttl  # type: ignore[method-assign]
+
+
+def late_grants() -> None:
+    """A grant that arrives with its validity spent is handed to the body anyway."""
+    _lock.Lock._left = lambda self, start: 1.0  # type: ignore[method-assign]
+
+
+MUTANTS: dict[str, str] = {
+    name: f"tests.chaos_mutants:{name}"
+    for name in (
+        "always_grants",
+        "never_loses",
+        "same_fence",
+        "decreasing_fences",
+        "release_anyones",
+        "long_validity",
+        "late_grants",
+    )
+}
+"""Every mutant, by name: what ``Scenario.patch`` takes."""
