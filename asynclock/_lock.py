@@ -35,9 +35,11 @@ _EXPIRY_MARGIN = 0.001
 # How long past the caller's deadline a server-side wait may take to report its timeout.
 _NATIVE_WAIT_SLACK = 0.5
 # A lost lease's body is cancelled again, until it leaves the block, after these delays
-# (doubling): a cancel the body swallowed must not let it run on.
+# (doubling up to the second): a cancel the body swallowed must not let it run on. Short:
+# a body busy with redis-py calls on Python 3.11 swallows most deliveries (its sends
+# run under asyncio.wait_for), and with 50 ms apart one ran on for 200 ms.
 _REDELIVER_FIRST = 0.001
-_REDELIVER_MAX = 0.05
+_REDELIVER_MAX = 0.005
 # A grant whose reply comes with less than this share of its local validity left is
 # given back rather than handed to a body that could not finish under it (seen: a body
 # entered with expires_in=0 and wrote after another holder was granted).
