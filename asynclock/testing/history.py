@@ -46,7 +46,9 @@ union of any number of such lists.
     (``valid_until``), no holder starts writing (client time) before another holder's
     belief has ended (its largest ``valid_until``, or its ``end`` entry if earlier).
     This is exclusion in time, not only in the resource's order: it catches two
-    holders at once even when the fence kept every write in order;
+    holders at once even when the fence kept every write in order. The writers'
+    ``time.time()`` values are compared with each other: run them on one host (or
+    widen the comparison by how far their clocks may be apart);
 (e) no write after a loss is accepted: an entry whose writer said its lease was already
     ``lost`` or ``expired`` when it decided to write is a violation when accepted (and
     counted in :attr:`Report.writes_after_loss` either way);
