@@ -340,7 +340,13 @@ class Coordinator:
         return self._tasks.spawn(coro, name=name)
 
     def _discard(
-        self, claim: Claim, ttl: float, lease: Lease | None = None, *, in_flight: bool = False
+        self,
+        claim: Claim,
+        ttl: float,
+        lease: Lease | None = None,
+        *,
+        in_flight: bool = False,
+        error: BaseException | None = None,
     ) -> None:
         """Delete ``claim``'s lock on the server in the background, if it still holds it.
 
@@ -354,9 +360,12 @@ class Coordinator:
         other (:meth:`Backend.straggle` > 0: a reconnect, another pooled connection, a
         proxy) it may still land after this release found nothing. Then the give-back
         looks again at growing intervals (up to 1 s) for ``ttl`` plus that straggle
-        time: a late grant is given back within a second of landing.
+        time: a late grant is given back within a second of landing. Not after a plain
+        cancel on a connection that keeps order (``error``; the pipelined Redis link).
         """
-        straggle = self._backend.straggle() if in_flight else 0.0
+        backend = self._backend
+        ordered = isinstance(error, asyncio.CancelledError) and backend.ordered_after_cancel()
+        straggle = backend.straggle() if in_flight and not ordered else 0.0
         self._spawn(
             self._discard_task(claim, ttl, lease, in_flight=in_flight, straggle=straggle),
             name=f"asynclock-discard:{claim.name}",

@@ -643,7 +643,7 @@ class Lock:
         except BaseException as exc:
             # The server may have granted the lock before we stopped listening (cancelled,
             # timed out, connection reset after the request left): take it back.
-            self._coord._discard(claim, self.ttl, in_flight=True)
+            self._coord._discard(claim, self.ttl, in_flight=True, error=exc)
             if isinstance(exc, BackendError) and self._coord.closed:
                 raise CoordinatorClosed("this Coordinator was closed while acquiring") from exc
             raise

@@ -309,6 +309,20 @@ class TestBrokenRuns:
         await log.append(4, "b", "", "start", state="held", valid_until=time.time() + 5)
         assert check(await log.read()).ok
 
+    async def test_a_writer_paused_between_deciding_and_sending_is_not_a_believer(
+        self, log: FencedLog
+    ) -> None:
+        """A holds a short belief, decides to write, pauses; B is granted and writes; A's
+        write then arrives: the fence's case (A is rejected), not two believers, since A
+        decided before B began."""
+        decided = time.time()
+        await asyncio.sleep(0.05)
+        await log.append(2, "b", "", "start", state="held", valid_until=time.time() + 5)
+        await log.append(
+            1, "a", "", "start", state="held", valid_until=decided + 0.01, decided=decided
+        )
+        assert check(await log.read(), log.acknowledged).ok
+
     async def test_a_write_accepted_after_a_loss_is_a_violation(self, log: FencedLog) -> None:
         """The writer knew its lease lost (or expired) and wrote anyway: a violation when
         the resource accepted it, counted either way."""

@@ -175,6 +175,12 @@ class Backend(abc.ABC):
         """
         return 0.0
 
+    def ordered_after_cancel(self) -> bool:
+        """True when a request interrupted by a *cancel* cannot be overtaken by the next
+        one (the connection it went out on stays, in order): then a give-back that found
+        nothing need not look again (:meth:`straggle`). Default: False."""
+        return False
+
     async def leave(self, claim: Claim) -> None:  # noqa: B027 - optional hook
         """Leave whichever waiter queue a refused attempt of ``claim`` joined (called
         when the acquire stops before it waited: its place would keep others out until

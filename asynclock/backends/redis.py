@@ -796,6 +796,11 @@ class RedisBackend(Backend):
     async def leave(self, claim: Claim) -> None:
         await self._dequeue(self._claim_keys(claim), claim.value)
 
+    def ordered_after_cancel(self) -> bool:
+        # The pipelined connection abandons a cancelled request's reply and keeps going:
+        # the give-back's release follows it on the same connection.
+        return isinstance(self._link, Pipe)
+
     def straggle(self) -> float:
         # Even the pipelined connection: a timed-out request's connection is dropped and
         # the give-back goes out on a new one, which a proxy may deliver first.

@@ -444,6 +444,9 @@ class RedlockBackend(Backend):
     def straggle(self) -> float:
         return max(node.straggle() for node in self._nodes)
 
+    def ordered_after_cancel(self) -> bool:
+        return all(node.ordered_after_cancel() for node in self._nodes)
+
     def describe(self) -> str:
         where = ", ".join(node._where[len("Redis ") :] for node in self._nodes)
         return f"RedlockBackend {len(self._nodes)} nodes ({where})"

@@ -69,6 +69,7 @@ FaultKind = Literal[
     "terminate",  # PostgreSQL: pg_terminate_backend of every session holding an advisory lock
     "failover",  # Sentinel: SENTINEL FAILOVER; Cluster: CLUSTER FAILOVER on a replica
     "kill_master",  # Sentinel/Cluster: SIGKILL the master, wait for a promotion, restart it
+    "isolate",  # cut one worker off the server (its proxy resets and refuses) for `duration`
 ]
 
 Expect = Literal["loss", "impact"]
@@ -106,8 +107,8 @@ class Fault:
     """One fault: ``kind`` at ``at`` seconds into the run, lasting ``duration`` seconds.
 
     ``targets`` picks servers (indices into the scenario's faultable servers; Redlock's
-    five nodes) or, for ``stall``, the worker index. ``expect`` says what the fault must
-    visibly cause (see :data:`Expect`); None asserts nothing.
+    five nodes) or, for ``stall`` and ``isolate``, the worker index. ``expect`` says
+    what the fault must visibly cause (see :data:`Expect`); None asserts nothing.
     """
 
     at: float
@@ -163,6 +164,7 @@ _FULL: dict[str, tuple[Fault, ...]] = {
         Fault(40, "kill", 0.0, expect="impact"),
         Fault(46, "freeze", 1.5, expect="loss"),
         Fault(52, "reset"),
+        Fault(55, "isolate", 1.5, targets=(1, 2), expect="impact"),
     ),
     "redlock": (
         Fault(3, "freeze", 2.0, targets=(0, 1)),
@@ -184,6 +186,7 @@ _FULL: dict[str, tuple[Fault, ...]] = {
         Fault(35, "terminate", expect="loss"),
         Fault(41, "stall", 1.5, targets=(1,), expect="loss"),
         Fault(48, "freeze", 1.5, expect="loss"),
+        Fault(54, "isolate", 1.5, targets=(2,), expect="impact"),
     ),
     "sentinel": (
         Fault(3, "stall", 1.5, targets=(0,), expect="loss"),
@@ -210,7 +213,8 @@ _SHORT: dict[str, tuple[Fault, ...]] = {
         Fault(8.5, "kill", 0.5, expect="impact"),
         Fault(11.5, "blackhole", 2.0, expect="loss"),
         Fault(15, "latency", 2.0, latency=0.15),
-        Fault(18, "reset"),
+        Fault(17.5, "isolate", 1.5, targets=(1, 2), expect="impact"),
+        Fault(19.3, "reset"),
     ),
     "redlock": (
         Fault(2, "freeze", 2.0, targets=(0, 1)),
@@ -224,8 +228,9 @@ _SHORT: dict[str, tuple[Fault, ...]] = {
         Fault(5.5, "terminate", expect="loss"),
         Fault(8, "stall", 1.5, targets=(0,), expect="loss"),
         Fault(11, "blackhole", 2.0, expect="loss"),
-        Fault(14.5, "latency", 2.0, latency=0.1),
-        Fault(17.5, "terminate", expect="loss"),
+        Fault(14, "latency", 1.5, latency=0.1),
+        Fault(16, "terminate", expect="loss"),
+        Fault(18, "isolate", 1.5, targets=(2,), expect="impact"),
     ),
     "sentinel": (
         Fault(2, "stall", 1.5, targets=(0,), expect="loss"),
@@ -337,9 +342,10 @@ class ChaosReport:
     ``violations`` (two holders at once: accepted writes interleaving, or one writing
     while another still believed its lease valid; fences going back; a write accepted
     from a holder that knew its lease lost; holes in the log) and ``lost`` (acknowledged
-    writes missing) must be 0. :attr:`problems` lists every failed check: also writes
-    decided after a loss, grants whose fences repeat or go back, bodies entered with no
-    validity, stale writes plus fenced-off sections above ``stale_budget``, fewer than
+    writes missing) must be 0. :attr:`problems` lists every failed check: also grants
+    whose fences repeat or go back, bodies entered with no validity, stale writes
+    (those decided after a loss included) plus fenced-off sections above
+    ``stale_budget``, fewer than
     90 % of acquired sections completed, acks that do not match the writes, and faults
     that caused nothing. ``tolerated`` counts two holders believing at once inside the
     window of a fault that may lose a lock by design (a restart empty, a failover, a
@@ -394,8 +400,9 @@ class ChaosReport:
             out.append(f"{self.history_errors} append(s) to the history failed")
         if self.completed == 0:
             out.append("no critical section completed")
-        if self.writes_after_loss:
-            out.append(f"{self.writes_after_loss} write(s) decided after the lease was lost")
+        # A write decided after a loss that the resource accepted is a violation (above);
+        # one it refused counts against the budget: a stalled worker's other task can
+        # run in the same loop iteration as the stall, before the watchdog can act.
         if self.grant_violations:
             out.append(f"{self.grant_violations} grant(s) with a repeated or smaller fence")
         if self.late_entries:
@@ -518,11 +525,11 @@ class _Worker:
         self.summary.events.append((time.monotonic(), what))
 
     def request_stall(self, seconds: float) -> None:
-        # The stall happens inside a body right after its accepted start (see _section),
-        # so a lease is sure to expire meanwhile; if no task gets there within a second,
-        # the loop is blocked anyway.
+        # The stall happens inside a body, between deciding a write and sending it (see
+        # _section), so a lease is sure to expire meanwhile; if no task gets there within
+        # three seconds, the loop is blocked anyway.
         self.stall_requests.append(seconds)
-        asyncio.get_running_loop().call_later(1.0, self._stall_now, "idle")
+        asyncio.get_running_loop().call_later(3.0, self._stall_now, "idle")
 
     def _stall_now(self, how: str) -> None:
         if self.stall_requests:
@@ -627,13 +634,19 @@ class _Worker:
             # that wakes up and writes at once, as only the fence can stop.
             left = lease.expires_in
             state = "lost" if lease.lost else "held" if left > 0 else "expired"
-            valid_until = time.time() + left
-            if position == 1:
-                self._stall_now("holding")
+            decided = time.time()
+            valid_until = decided + left
+            self._stall_now("holding")
             self.summary.writes += 1
             try:
                 ack = await log.append(
-                    lease.fence, holder, op, kind, state=state, valid_until=valid_until
+                    lease.fence,
+                    holder,
+                    op,
+                    kind,
+                    state=state,
+                    valid_until=valid_until,
+                    decided=decided,
                 )
             except asyncio.CancelledError:
                 self.summary.cut_writes += 1
@@ -689,6 +702,8 @@ class _Setup:
     topology: Any = None
     """A SentinelSetup or ClusterSetup."""
     names: list[str] = field(default_factory=list)
+    worker_targets: list[Any] = field(default_factory=list)
+    """Per worker, its own way to the server (its own proxy), when there is one."""
 
 
 async def unsupported(backend: str) -> str | None:
@@ -733,10 +748,16 @@ async def _setup(  # noqa: PLR0917 - private, called once
         setup = _Setup([s.url for s in servers], {"prefix": namespace}, servers)
         if sc.backend == "redis":
             setup.target = servers[0].url
-        if sc.proxy:
+        if sc.proxy and sc.backend == "redis":
+            # One proxy per worker: the proxy faults hit them all, ``isolate`` one.
+            server = servers[0]
+            setup.proxies = [
+                await _start_proxy(stack, server.host, server.port) for _ in range(sc.workers)
+            ]
+            setup.worker_targets = [p.url_for(server.url) for p in setup.proxies]
+        elif sc.proxy:
             setup.proxies = [await _start_proxy(stack, s.host, s.port) for s in servers]
-            urls = [p.url_for(s.url) for p, s in zip(setup.proxies, servers, strict=True)]
-            setup.target = urls[0] if sc.backend == "redis" else urls
+            setup.target = [p.url_for(s.url) for p, s in zip(setup.proxies, servers, strict=True)]
         return setup
     if sc.backend == "postgres":
         if postgres_factory is None:
@@ -744,8 +765,10 @@ async def _setup(  # noqa: PLR0917 - private, called once
         (server,) = await asyncio.to_thread(postgres_factory, 1)
         setup = _Setup(server.url, {"namespace": namespace}, [server], admin_dsn=server.url)
         if sc.proxy:
-            setup.proxies = [await _start_proxy(stack, server.host, server.port)]
-            setup.target = setup.proxies[0].url_for(server.url)
+            setup.proxies = [
+                await _start_proxy(stack, server.host, server.port) for _ in range(sc.workers)
+            ]
+            setup.worker_targets = [p.url_for(server.url) for p in setup.proxies]
         return setup
     reason = await unsupported(sc.backend)
     if reason is not None:
@@ -764,9 +787,10 @@ async def _setup(  # noqa: PLR0917 - private, called once
 async def _spawn_worker(
     sc: Scenario, setup: _Setup, index: int, history_url: str, namespace: str
 ) -> asyncio.subprocess.Process:
+    target = setup.worker_targets[index] if setup.worker_targets else setup.target
     argv = [
         *("-m", _WORKER_MODULE, "worker", "--worker", str(index)),
-        *("--target", json.dumps(setup.target), "--options", json.dumps(setup.options)),
+        *("--target", json.dumps(target), "--options", json.dumps(setup.options)),
         *("--history", history_url, "--namespace", namespace),
         *("--names", ",".join(setup.names), "--tasks", str(sc.tasks)),
         *("--duration", str(sc.duration), "--ttl", str(sc.ttl)),
@@ -871,6 +895,18 @@ class _Faults:
 
     async def _reset(self, fault: Fault) -> None:
         await self._proxies("reset")
+
+    async def _isolate(self, fault: Fault) -> None:
+        """One worker cut off while the others still reach the server: split brain."""
+        proxies = [self.setup.proxies[i % len(self.setup.proxies)] for i in fault.targets]
+        try:
+            for proxy in proxies:
+                await asyncio.to_thread(proxy.send, "refuse")
+                await asyncio.to_thread(proxy.send, "reset")
+            await asyncio.sleep(fault.duration)
+        finally:
+            for proxy in proxies:
+                await asyncio.to_thread(proxy.send, "heal")
 
     async def _stall(self, fault: Fault) -> None:
         for index in fault.targets:
@@ -1164,7 +1200,7 @@ async def run_scenario(
         until = end + sc.ttl + 1
         if index + 1 < len(applied):
             until = min(until, applied[index + 1][1])
-        who = set(fault.targets) if fault.kind == "stall" else None
+        who = set(fault.targets) if fault.kind in ("stall", "isolate") else None
         outcomes.append(
             FaultOutcome(fault, start, end, _window_counts(summaries, start, until, who), err)
         )

@@ -155,6 +155,7 @@ class Entry:
     server_time: float = 0.0
     state: str = ""
     valid_until: float | None = None
+    decided: float | None = None
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Entry:
@@ -172,6 +173,7 @@ class Entry:
             server_time=float(data.get("server_time", 0.0)),
             state=str(data.get("state", "")),
             valid_until=None if data.get("valid") is None else float(data["valid"]),
+            decided=None if data.get("decided") is None else float(data["decided"]),
         )
 
     @property
@@ -273,6 +275,7 @@ class FencedLog:
         *,
         state: str = "",
         valid_until: float | None = None,
+        decided: float | None = None,
     ) -> Ack:
         """Write one entry; the :class:`Ack` says whether the resource accepted it.
 
@@ -281,7 +284,9 @@ class FencedLog:
         ``"end"``. ``state`` and ``valid_until`` record what the writer believed of its
         lease when it decided to write: ``"held"``, ``"lost"`` (``lease.lost``) or
         ``"expired"`` (``lease.expires_in`` was 0), and until when (``time.time()`` +
-        ``lease.expires_in``); :func:`check` holds them against the history. Raises
+        ``lease.expires_in``), and when it decided (``decided``, ``time.time()``; a
+        process paused between deciding and sending writes late, as only the fence can
+        stop); :func:`check` holds them against the history. Raises
         ``ValueError``/``TypeError`` for bad arguments and redis-py's errors when the
         server cannot be reached (the outcome is then unknown and nothing is recorded
         as acknowledged).
@@ -310,6 +315,8 @@ class FencedLog:
             fields["state"] = state
         if valid_until is not None:
             fields["valid"] = valid_until
+        if decided is not None:
+            fields["decided"] = decided
         body = json.dumps(fields, separators=(",", ":"))
         reply = await self._script(keys=[self.key, self.state_key], args=[str(fence), body])
         accepted, seq = int(reply[0]), int(reply[1])
@@ -688,15 +695,20 @@ def _believers(log: Sequence[Entry]) -> list[Violation]:
     """(d): sections (by fence and holder, accepted or not) whose writers believed their
     leases valid at the same time. A section believes from its first write until its
     largest ``valid_until`` (or its ``end`` entry, if earlier); the next section's first
-    write must come after that. Writes whose writer knew its lease lost or expired do
-    not extend a belief."""
+    write must be decided after that (``decided``, else the send time: a writer paused
+    between deciding and sending is the fence's to stop, not a second believer). Writes
+    whose writer knew its lease lost or expired do not extend a belief."""
     begin: dict[tuple[int, str], Entry] = {}
     until: dict[tuple[int, str], float] = {}
     ended: dict[tuple[int, str], float] = {}
+
+    def when(entry: Entry) -> float:
+        return entry.time if entry.decided is None else entry.decided
+
     for entry in log:
         key = entry.section
         first = begin.get(key)
-        if first is None or entry.time < first.time:
+        if first is None or when(entry) < when(first):
             begin[key] = entry
         if entry.valid_until is not None and entry.state not in ("lost", "expired"):
             # A writer that knew its lease gone believes nothing (see (e) for its write).
@@ -705,14 +717,14 @@ def _believers(log: Sequence[Entry]) -> list[Violation]:
             ended[key] = min(ended.get(key, entry.time), entry.time)
     found: list[Violation] = []
     believer: tuple[tuple[int, str], float] | None = None  # the latest belief so far
-    for key in sorted(until, key=lambda k: begin[k].time):
+    for key in sorted(until, key=lambda k: when(begin[k])):
         first = begin[key]
-        if believer is not None and first.time < believer[1] - _SAME_TIME:
+        if believer is not None and when(first) < believer[1] - _SAME_TIME:
             other, end = believer
             found.append(
                 Violation(
                     "overlap-in-time",
-                    f"{_who(first)} wrote (entry {first.seq}) at {first.time:.6f} while "
+                    f"{_who(first)} wrote (entry {first.seq}, decided at {when(first):.6f}) while "
                     f"'{other[1]}' fence {other[0]} still believed its lease valid until "
                     f"{end:.6f}: two holders at once",
                     (begin[other].seq, first.seq),
