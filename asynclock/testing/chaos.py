@@ -87,6 +87,10 @@ _LONG_SECTIONS = 0.05
 # the fence keeps the resource safe. Overlaps in time inside their windows are counted
 # apart (``tolerated``), as the documented limits, not as violations.
 _LOSES_LOCKS = frozenset({"kill", "kill_master", "failover", "terminate"})
+# On PostgreSQL a session's locks end with its connection: cutting a worker off ends them
+# at once on the server, while the holder believes until it notices (the same gap as a
+# terminated session; listening for the connection's end would close it).
+_LOSES_LOCKS_ON = {"postgres": _LOSES_LOCKS | {"isolate"}}
 # Stale writes and fenced-off sections a run may have without it being a problem: a few
 # per fault (a stalled or frozen holder is fenced off by design), plus one per 1,000
 # sections.
@@ -1187,7 +1191,7 @@ async def run_scenario(
         lossy = [
             (t0_wall + start - t0, t0_wall + end - t0 + sc.ttl + 1)
             for fault, start, end, _ in faults.applied
-            if fault.kind in _LOSES_LOCKS
+            if fault.kind in _LOSES_LOCKS_ON.get(sc.backend, _LOSES_LOCKS)
         ]
         verdict = await _check(
             history_url, namespace, setup.names, summaries, t0_wall=t0_wall, lossy=lossy
