@@ -29,6 +29,7 @@ from ._validate import MAX_NAME_BYTES, check_name, check_ttl
 
 if TYPE_CHECKING:
     from ._coordinator import Coordinator
+    from .backends.base import LockInfo
 
 __all__ = ("Election", "Term")
 
@@ -94,7 +95,13 @@ class Election:
         return None if info is None else info.owner
 
     async def observe(self) -> AsyncIterator[str | None]:
-        """The current leader (None when there is none), then each change, in order."""
+        """The current leader (None when there is none), then each change, in order.
+
+        Survives connection losses and server restarts: while the backend cannot be
+        reached it keeps looking again with the election's backoff, and resumes from the
+        leader it finds then. Only the first look raises :class:`BackendError` (nothing
+        to observe from yet).
+        """
         backend = self._coord.backend
         clock = backend.clock
         async with backend.listen(self._topic) as mailbox:
@@ -111,7 +118,7 @@ class Election:
                 message = await mailbox.get(clock, clock.now() + wait + 0.05)
                 seen = _parse(message) if message else None
                 if seen is None:  # a timeout, or "look again" after a lost connection
-                    info = await self._coord.inspect(self._lock_name)
+                    info = await self._look_again()
                     now_leader = None if info is None else info.owner
                     now_term = 0 if info is None else info.fence
                     expires = math.inf if info is None else info.expires_in
@@ -131,27 +138,52 @@ class Election:
                     term, leader, expires = seen_term, None, math.inf
                     yield None
 
-    async def run(self, callback: Callable[[Term], Awaitable[object]]) -> NoReturn:
-        """Campaign forever: lead, call ``callback(term)`` while leading, campaign again.
-
-        The callback is cancelled when leadership is lost; if it returns, this candidate
-        resigns and campaigns again. Backend errors are retried with the backoff.
-        Cancelling ``run()`` resigns and stops.
-        """
+    async def _look_again(self) -> LockInfo | None:
+        """``inspect()`` the election's lock until the backend answers (with backoff)."""
         failures = 0
         while True:
             try:
-                async with self.leadership() as term:
-                    failures = 0
-                    await callback(term)
-                await asyncio.sleep(_REST)
-            except LockLost as exc:
-                logger.warning("leadership of %r lost: %s; campaigning again", self.name, exc)
+                return await self._coord.inspect(self._lock_name)
             except BackendError as exc:
                 delay = self.retry.delay(failures)
                 failures += 1
-                logger.warning("election %r: %s; campaigning again in %.2fs", self.name, exc, delay)
+                logger.warning(
+                    "observing election %r: %s; looking again in %.2fs", self.name, exc, delay
+                )
                 await asyncio.sleep(delay)
+
+    async def run(self, callback: Callable[[Term], Awaitable[object]]) -> NoReturn:
+        """Campaign forever: lead, call ``callback(term)`` while leading, campaign again.
+
+        The callback is cancelled when leadership is lost. If it returns, this candidate
+        resigns and campaigns again. Lost leadership, backend errors and a callback that
+        raises :class:`BackendError` or :class:`LockLost` are retried after the
+        backoff, which grows with each failure in a row (a term that lasted a ``ttl``
+        starts the count again). A callback raising anything else resigns and ends
+        ``run()`` with that exception: a bug is not retried forever. Cancelling
+        ``run()`` resigns and stops.
+        """
+        loop = asyncio.get_running_loop()
+        failures = 0
+        while True:
+            began = math.inf
+            try:
+                async with self.leadership() as term:
+                    began = loop.time()
+                    await callback(term)
+                failures = 0
+                await asyncio.sleep(_REST)
+                continue
+            except LockLost as exc:
+                what = f"leadership of {self.name!r} lost: {exc}"
+            except BackendError as exc:
+                what = f"election {self.name!r}: {exc}"
+            if loop.time() - began >= self.ttl:
+                failures = 0  # a healthy term before this failure
+            delay = self.retry.delay(failures)
+            failures += 1
+            logger.warning("%s; campaigning again in %.2fs", what, delay)
+            await asyncio.sleep(delay)
 
     def __repr__(self) -> str:
         return f"<Election {self.name!r} identity={self.identity!r} ttl={self.ttl:g}>"

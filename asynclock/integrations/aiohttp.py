@@ -142,8 +142,9 @@ def leader_task(
     election ``name``: at startup a task runs ``coord.election(name, ttl=ttl,
     identity=identity).run(callback)`` (campaign, call ``callback(term)`` while leading,
     campaign again after a loss); at cleanup it is cancelled, which resigns. A callback
-    that returns resigns and campaigns again; one that raises stops its task (logged on
-    the ``asynclock`` logger) and is not restarted.
+    that returns resigns and campaigns again, as does one raising ``BackendError`` or
+    ``LockLost`` (after a backoff that grows); one that raises anything else stops its
+    task (logged on the ``asynclock`` logger) and is not restarted.
 
     Raises ``RuntimeError`` before :func:`setup` or once the app has started,
     ``TypeError``/``ValueError`` for bad arguments.

@@ -224,8 +224,10 @@ class FastAPILocks:
         ``name``: at startup a task runs ``coord.election(name, ttl=ttl,
         identity=identity).run(callback)`` (campaign, call ``callback(term)`` while
         leading, campaign again after a loss); at shutdown it is cancelled, which
-        resigns. A callback that returns resigns and campaigns again; one that raises
-        stops its task (logged on the ``asynclock`` logger) and is not restarted.
+        resigns. A callback that returns resigns and campaigns again, as does one
+        raising ``BackendError`` or ``LockLost`` (after a backoff that grows); one that
+        raises anything else stops its task (logged on the ``asynclock`` logger) and is
+        not restarted.
 
         Raises ``RuntimeError`` once the app runs, ``TypeError``/``ValueError`` for bad
         arguments.
