@@ -1,21 +1,33 @@
 """``@coord.singleton(...)`` and ``@coord.locked(...)``: a lock around a coroutine function,
-named from the call's arguments."""
+named from the call's arguments.
+
+When the call ends and its release fails (the server did not confirm), the call's own
+outcome wins — its result is returned, its exception raised — and the failure is logged
+and counted (``stats().release_failures``); the release goes on in the background until
+the server confirms or the TTL ends. A caller retrying on ``BackendError`` would
+otherwise run a completed call a second time. A lease *lost* while the call ran still
+raises :class:`~asynclock.LockLost`: the call may have run unprotected.
+"""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import re
 import string
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ._errors import LockTimeout
+from ._errors import BackendError, LockTimeout
 
 if TYPE_CHECKING:
     from ._coordinator import Coordinator
+    from ._lock import Lock
 
-__all__ = ("locked", "singleton", "template_fields")
+__all__ = ("leave", "locked", "singleton", "template_fields")
+
+logger = logging.getLogger("asynclock")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -92,9 +104,9 @@ def singleton(
             try:
                 result = await fn(*args, **kwargs)
             except BaseException as exc:
-                await lock.__aexit__(type(exc), exc, exc.__traceback__)  # may raise LockLost
+                await leave(lock, exc)  # may raise LockLost
                 raise
-            await lock.__aexit__(None, None, None)
+            await leave(lock, None)
             return result
 
         return call
@@ -114,9 +126,38 @@ def locked(
 
         @functools.wraps(fn)
         async def call(*args: P.args, **kwargs: P.kwargs) -> R:
-            async with coord.lock(name_for(args, kwargs), ttl=ttl, timeout=timeout):
-                return await fn(*args, **kwargs)
+            lock = coord.lock(name_for(args, kwargs), ttl=ttl, timeout=timeout)
+            await lock.__aenter__()
+            try:
+                result = await fn(*args, **kwargs)
+            except BaseException as exc:
+                await leave(lock, exc)  # may raise LockLost
+                raise
+            await leave(lock, None)
+            return result
 
         return call
 
     return decorate
+
+
+async def leave(lock: Lock, exc: BaseException | None) -> None:
+    """Leave ``lock``'s block entered by this task, after code that ended with ``exc``
+    (None: it returned); the code's outcome wins over a release that failed.
+
+    Raises :class:`~asynclock.LockLost` when the lease was lost (whatever ``exc``, as
+    ``async with`` does); a ``BackendError`` of the release is logged, not raised (it is
+    counted in ``stats().release_failures`` and finished in the background).
+    """
+    try:
+        if exc is None:
+            await lock.__aexit__(None, None, None)
+        else:
+            await lock.__aexit__(type(exc), exc, exc.__traceback__)
+    except BackendError as error:
+        logger.warning(
+            "release of %r failed after its call ended; the call's outcome stands and the "
+            "release goes on in the background: %s",
+            lock.name,
+            error,
+        )

@@ -276,7 +276,9 @@ class Lease:
         sent = coord.backend.clock.now()
         try:
             released = await coord.backend.release(self._claim)
-        except BaseException:
+        except BaseException as error:
+            if isinstance(error, Exception):
+                coord._recorder.release_failed()
             # Unconfirmed: keep the token and the HELD state ("release pending"), stop
             # renewing, and let the background clean-up finish the job (it marks the
             # lease released). The release may have run already: like an extend to 0 of

@@ -10,7 +10,8 @@ default), always (``telemetry=True``: instruments follow a provider set later) o
   ``acquired`` | ``timeout`` | ``error``;
 - ``asynclock.acquire.duration`` (histogram, seconds): from the call to the grant,
   waiting included;
-- ``asynclock.releases``, ``asynclock.losses`` (counters);
+- ``asynclock.releases``, ``asynclock.losses``, ``asynclock.release_failures``
+  (counters);
 - ``asynclock.renewals`` (counter), attribute ``asynclock.outcome`` = ``renewed`` |
   ``refused`` | ``failed``;
 - ``asynclock.leases.held``, ``asynclock.acquires.waiting`` (up-down counters).
@@ -85,7 +86,9 @@ class CoordinatorStats:
     ``releases``, ``losses``; ``renewals``, ``renewal_failures`` (refused or failed);
     ``acquire_latency`` (call to grant, waiting included) and ``renewal_latency`` (one
     renewal request for a batch); ``late_grants``: grants whose reply came when their
-    lease had (almost) no local validity left, given back instead of handed to a body.
+    lease had (almost) no local validity left, given back instead of handed to a body;
+    ``release_failures``: releases the server did not confirm (a backend error: they go
+    on in the background until it confirms or the TTL ends).
     """
 
     held: int
@@ -100,6 +103,7 @@ class CoordinatorStats:
     acquire_latency: LatencySummary
     renewal_latency: LatencySummary
     late_grants: int = 0
+    release_failures: int = 0
 
 
 class Recorder:
@@ -116,6 +120,7 @@ class Recorder:
         self.renewals = 0
         self.renewal_failures = 0
         self.late_grants = 0
+        self.release_failures = 0
         self.acquire_samples: deque[float] = deque(maxlen=_SAMPLES)
         self.renewal_samples: deque[float] = deque(maxlen=_SAMPLES)
         self._attributes = {"asynclock.backend": backend}
@@ -137,6 +142,7 @@ class Recorder:
             )
             self._releases = meter.create_counter("asynclock.releases")
             self._losses = meter.create_counter("asynclock.losses")
+            self._release_failures = meter.create_counter("asynclock.release_failures")
             self._renewals = meter.create_counter(
                 "asynclock.renewals", description="lease renewals, by outcome"
             )
@@ -212,6 +218,12 @@ class Recorder:
             self._releases.add(1, self._attributes)
             self._held.add(-1, self._attributes)
 
+    def release_failed(self) -> None:
+        """A release was not confirmed (a backend error); it goes on in the background."""
+        self.release_failures += 1
+        if self._meter is not None:
+            self._release_failures.add(1, self._attributes)
+
     def lost(self, name: str, fence: int, reason: str) -> None:
         self.losses += 1
         logger.warning(
@@ -250,4 +262,5 @@ class Recorder:
             acquire_latency=_summary(self.acquire_samples),
             renewal_latency=_summary(self.renewal_samples),
             late_grants=self.late_grants,
+            release_failures=self.release_failures,
         )

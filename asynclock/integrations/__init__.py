@@ -10,13 +10,27 @@ leader-only background tasks — as private helpers.
 The HTTP answers, on both frameworks:
 
 - ``423 Locked`` with ``Retry-After`` (whole seconds, at least 1: the holder's remaining
-  TTL rounded up, or 1 when unknown) when the lock is not acquired within ``timeout``;
+  TTL rounded up, or 1 when unknown) when another holder kept the lock past ``timeout``
+  (contention, and only that: after a timeout the server is asked who holds the lock);
 - ``503 Service Unavailable`` with ``Retry-After: 1`` when the lock server cannot be
-  reached (:class:`~asynclock.BackendError`, raised at once whatever the timeout);
+  reached (:class:`~asynclock.BackendError`, raised at once whatever the timeout), or
+  when ``timeout`` ran out with the server not answering (and it does not answer, or
+  names no holder, when asked who holds the lock);
 - ``503 Service Unavailable`` when the lease was lost while the handler ran (the handler
-  was cancelled; what it did before is not undone: that is what fences are for);
+  was cancelled; what it did before is not undone: that is what fences are for) — unless
+  the response had already started (a streamed body under FastAPI's
+  ``scope="request"``): its status was sent, so the stream is cut instead, the client
+  sees an incomplete body (the connection closes before the body's end), and the loss
+  is logged;
 - ``400 Bad Request`` when the lock name built from the URL is not a valid lock name
   (longer than 1024 UTF-8 bytes).
+
+When the handler has finished and the release fails (the server did not confirm), the
+handler's outcome stands — its response, or its own exception such as an
+``HTTPException(404)`` — and the failure is logged and counted in
+``stats().release_failures``; the release goes on in the background until the server
+confirms or the TTL ends. A 500 would invite the client to retry a request that
+completed.
 """
 
 from __future__ import annotations
@@ -30,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._coordinator import Coordinator, connect
-from .._decorators import template_fields
+from .._decorators import leave, template_fields
 from .._election import Election, Term, check_election
 from .._errors import BackendError, LockLost, LockTimeout
 from .._lock import Lease
@@ -94,16 +108,45 @@ def _check_lock_options(ttl: object, timeout: object) -> tuple[float, float | No
     return check_ttl(ttl), check_timeout(timeout)
 
 
-async def _retry_after(coord: Coordinator, name: str) -> int:
-    """Whole seconds until the holder's lease ends (rounded up, >= 1), or 1 if unknown."""
+async def _holder_ttl(coord: Coordinator, name: str) -> float | None:
+    """Seconds left of the holder's lease (inf if unknown, 0 when free), or None when
+    the server does not answer within ``_INSPECT_TIMEOUT``."""
     try:
         async with asyncio.timeout(_INSPECT_TIMEOUT):
             info = await coord.inspect(name)
     except (BackendError, TimeoutError):
-        return 1
-    if info is None or not math.isfinite(info.expires_in):
-        return 1
-    return max(1, math.ceil(info.expires_in))
+        return None
+    return 0.0 if info is None else info.expires_in
+
+
+def _unanswered(exc: LockTimeout) -> bool:
+    """The deadline ran out while a request to the server was in flight (the lock raises
+    that ``LockTimeout`` from the ``TimeoutError`` of its own bound)."""
+    cause = exc.__cause__
+    return isinstance(cause, TimeoutError) and not isinstance(cause, LockTimeout)
+
+
+async def _refusal_after_timeout(coord: Coordinator, name: str, exc: LockTimeout) -> _Refusal:
+    """423 when another holder kept the lock; 503 when the server did not answer.
+
+    A deadline that ran out with a request in flight is contention only if the server,
+    asked who holds the lock, names a holder: a slow server and a deadline that cut a
+    refused attempt short look the same from the exception alone.
+    """
+    left = await _holder_ttl(coord, name)
+    if left is None or (left == 0 and _unanswered(exc)):
+        return _unavailable(name, exc)
+    seconds = max(1, math.ceil(left)) if math.isfinite(left) else 1
+    return _Refusal(
+        423,
+        f"{name!r} is locked by another request; retry in {seconds}s",
+        {"Retry-After": str(seconds)},
+    )
+
+
+def _unavailable(name: str, exc: BaseException) -> _Refusal:
+    logger.warning("could not lock %r for a request: %s", name, exc)
+    return _Refusal(503, "the lock service is unavailable; retry later", {"Retry-After": "1"})
 
 
 @contextlib.asynccontextmanager
@@ -126,27 +169,19 @@ async def _hold(
     try:
         lease = await lock.__aenter__()
     except LockTimeout as exc:
-        seconds = await _retry_after(coord, name)
-        raise _Refusal(
-            423,
-            f"{name!r} is locked by another request; retry in {seconds}s",
-            {"Retry-After": str(seconds)},
-        ) from exc
+        raise await _refusal_after_timeout(coord, name, exc) from exc
     except BackendError as exc:
-        logger.warning("could not lock %r for a request: %s", name, exc)
-        raise _Refusal(
-            503, "the lock service is unavailable; retry later", {"Retry-After": "1"}
-        ) from exc
+        raise _unavailable(name, exc) from exc
     try:
         yield lease
     except BaseException as exc:
         try:
-            await lock.__aexit__(type(exc), exc, exc.__traceback__)
+            await leave(lock, exc)
         except LockLost as lost:  # only ever this lease's loss
             raise _lost(name, lost) from lost
         raise
     try:
-        await lock.__aexit__(None, None, None)
+        await leave(lock, None)
     except LockLost as lost:
         raise _lost(name, lost) from lost
 
