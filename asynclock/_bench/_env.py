@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,17 +49,37 @@ class EmbeddedUnavailable(RuntimeError):
     """No embedded server binaries are installed (exit code 1, names the extra)."""
 
 
+def _userinfo(url: str) -> tuple[str, str, str] | None:
+    """``(scheme://, userinfo, rest)`` of a URL with a user part, split at the *last*
+    ``@`` (a password may hold a raw ``#``, ``?``, ``/`` or ``@`` that the URL grammar
+    would read as the end of the host part), or None without one."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return None
+    userinfo, _, after = rest.rpartition("@")
+    return scheme + sep, userinfo, after
+
+
+_KEYWORD_SECRET = re.compile(
+    r"""\b(password|passwd|pass)(\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)""", re.IGNORECASE
+)
+
+
 def redact(url: str) -> str:
-    """``url`` with its password (in the user part or the query string) replaced by ``***``."""
+    """``url`` with its password replaced by ``***``: in the user part (even with raw
+    ``#``, ``?`` or ``/`` in it), in the query string, or in a keyword DSN
+    (``host=… password=…``). Never returns the password, whatever the input."""
+    if "://" not in url:
+        return _KEYWORD_SECRET.sub(lambda m: f"{m.group(1)}{m.group(2)}***", url)
+    split = _userinfo(url)
+    if split is not None:
+        head, userinfo, after = split
+        user, sep, _password = userinfo.partition(":")
+        url = f"{head}{user}:***@{after}" if sep else url
     try:
         parts = urlsplit(url)
     except ValueError:
-        return "<unparseable URL>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hostport = netloc.rpartition("@")
-        user, sep, _password = userinfo.partition(":")
-        netloc = f"{user}:***@{hostport}" if sep else netloc
+        return url.split("?", 1)[0] + ("?***" if "?" in url else "")
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
@@ -66,7 +87,7 @@ def redact(url: str) -> str:
             query = urlencode(
                 [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in pairs], safe="*"
             )
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    return urlunsplit(parts._replace(query=query))
 
 
 class Scrubber:
@@ -79,13 +100,15 @@ class Scrubber:
 
     def add(self, url: str) -> None:
         """Remember the password of ``url`` (raw and URL-decoded), if it has one."""
-        try:
-            parts = urlsplit(url)
-        except ValueError:
-            return
-        userinfo = parts.netloc.rpartition("@")[0]
-        found = [userinfo.partition(":")[2]] if ":" in userinfo else []
-        found += [v for k, v in parse_qsl(parts.query) if k.lower() in _SECRET_PARAMS]
+        found: list[str] = []
+        if "://" not in url:
+            found += [m.group(3).strip("'") for m in _KEYWORD_SECRET.finditer(url)]
+        split = _userinfo(url)
+        if split is not None and ":" in split[1]:
+            found.append(split[1].partition(":")[2])
+        with contextlib.suppress(ValueError):
+            query = urlsplit(url).query
+            found += [v for k, v in parse_qsl(query) if k.lower() in _SECRET_PARAMS]
         for secret in found:
             for form in (secret, unquote(secret)):
                 if len(form) >= 2:  # a one-character password would blank out text
@@ -106,10 +129,18 @@ def split_urls(text: str) -> list[str]:
 
 
 def check_url(url: str, schemes: Sequence[str], what: str) -> str:
-    """``url`` if its scheme is one of ``schemes`` and its port parses, else UsageError."""
+    """``url`` if its scheme is one of ``schemes`` and its port parses, else UsageError
+    (whose message never holds the password)."""
+    split = _userinfo(url)
+    if split is not None and any(c in split[1] for c in "#?/"):
+        raise UsageError(
+            f"{what}: {redact(url)!r}: the user or password holds a character that must be "
+            "percent-encoded in a URL (# as %23, ? as %3F, / as %2F)"
+        )
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        if "," not in parts.netloc:  # PostgreSQL's multi-host form has a port per host
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
     except ValueError as exc:
         raise UsageError(f"{what}: cannot parse {redact(url)!r}: {exc}") from None
     scheme = parts.scheme.lower()

@@ -1,0 +1,65 @@
+"""The ``asynclock`` command never prints a password, however the URL is written.
+
+Raw ``#``, ``?`` and ``/`` in a password end the host part in URL grammar, so a parser
+that trusts the grammar echoes half a password back; keyword DSNs carry
+``password=…`` in the clear. Each case runs the command as a subprocess.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from asynclock._bench._env import Scrubber, redact
+
+from .test_cli import EXIT_UNREACHABLE, EXIT_USAGE, cli
+
+SECRET = "hunt{}er22-x"  # noqa: S105 - a made-up password the output must not show
+
+
+COMMANDS = {
+    "inspect-redis": ("redis", ("inspect", "x", "--url")),
+    "inspect-postgres": ("postgresql", ("inspect", "x", "--url")),
+    "bench-pg": ("postgresql", ("bench", "--quick", "--no-peers", "--pg")),
+}
+
+
+@pytest.mark.parametrize("char", ["#", "?", "/"])
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_raw_special_character_in_the_password(char: str, command: str) -> None:
+    """A usage error that says what to encode, and no part of the password."""
+    secret = SECRET.format(char)
+    scheme, args = COMMANDS[command]
+    url = f"{scheme}://app:{secret}@127.0.0.1:1/0"
+    done = cli(*args, url)
+    assert done.returncode == EXIT_USAGE, done.stderr
+    text = done.stdout + done.stderr
+    for part in secret.split(char):
+        assert part not in text
+    assert "percent-encoded" in done.stderr
+
+
+def test_keyword_dsn_is_redacted() -> None:
+    done = cli("inspect", "x", "--url", "host=127.0.0.1 port=1 password=hunter22-x user=app")
+    assert done.returncode in (EXIT_USAGE, EXIT_UNREACHABLE)
+    assert "hunter22-x" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:hunt#er22@h:6379/0",
+        "postgresql://app:s3cr/t?PW@h1:5432,h2:5432/db",
+        "redis://u:p%23ssw0rd@h/0?password=qqqzzz",
+        "host=h password='a b hunter' user=app",
+        "host=h PASSWORD=hunter22 user=app",
+    ],
+)
+def test_redact_and_scrub(url: str) -> None:
+    """Neither the redacted URL nor scrubbed text holds any part of the password."""
+    secrets = ("hunt", "er22", "s3cr", "PW@", "p%23ssw0rd", "p#ssw0rd", "qqqzzz", "a b hunter")
+    shown = redact(url)
+    scrubbed = Scrubber([url])(f"failed: {url}")
+    for secret in secrets:
+        assert secret not in shown, shown
+        assert secret not in scrubbed, scrubbed
+    assert "***" in shown
