@@ -109,7 +109,9 @@ class TestObserve:
             async with election.leadership():
                 expected.append(f"leader-{i}")
         # Every leader resigned, so a None follows each of them: wait for the last one.
-        assert await eventually(lambda: len(seen) == 1 + 2 * len(expected), within=5)
+        # An announcement is best effort; without it the observer looks again when the
+        # term could have ended (ttl=5), so allow a few of those on a loaded machine.
+        assert await eventually(lambda: len(seen) == 1 + 2 * len(expected), within=20)
         observer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await observer

@@ -16,6 +16,8 @@ import pytest
 
 import asynclock
 from asynclock import Backoff, Lease, LockLost, LockNotOwned, LockTimeout
+from asynclock.backends import MemoryBackend, PostgresBackend, RedisBackend
+from asynclock.postgres import lock_ids
 
 from .conftest import MakeCoord, eventually
 
@@ -64,6 +66,33 @@ async def until_free(probe: Callable[[], Awaitable[Lease]], within: float = 3.0)
 
 
 # -- semaphores ----------------------------------------------------------------------------
+
+
+async def in_line(coord: asynclock.Coordinator, name: str) -> int:
+    """How many waiters the server has in the fair lock ``name``'s line now."""
+    backend = coord.backend
+    if isinstance(backend, MemoryBackend):
+        return len(backend._table.queue(name, backend.clock.now()))
+    if isinstance(backend, RedisBackend):
+        return int(await backend.client.zcard(backend.keys(name).queue))
+    if isinstance(backend, PostgresBackend):
+        classid, objid = lock_ids(backend.key(name))
+        async with backend.pool.acquire() as conn:
+            count = await conn.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                "AND classid = $1 AND objid = $2",
+                classid,
+                objid,
+            )
+        return int(count)
+    raise NotImplementedError(type(backend).__name__)
+
+
+async def until_in_line(coord: asynclock.Coordinator, name: str, count: int) -> None:
+    """Wait until the server has at least ``count`` waiters in ``name``'s line."""
+    async with asyncio.timeout(20):
+        while await in_line(coord, name) < count:  # noqa: ASYNC110 - polls the server
+            await asyncio.sleep(0.005)
 
 
 class TestSemaphore:
@@ -435,34 +464,32 @@ class TestReadWriteLock:
 
 class TestFair:
     async def test_waiters_acquire_in_arrival_order(self, make_coord: MakeCoord) -> None:
-        """20 waiters on 3 coordinators, started 10 ms apart while the lock is held, get
-        it in the order they arrived; each comes straight back after its turn and goes to
-        the back of the line (a plain lock on memory/Redis lets it barge in again)."""
+        """20 waiters on 3 coordinators, each started once the one before is in line
+        (seen on the server) while the lock is held, get it in the order they arrived;
+        each comes straight back after its turn and goes to the back of the line (a
+        plain lock on memory/Redis lets it barge in again)."""
         coords = [make_coord() for _ in range(3)]
         need(coords[0], "fair")
-        # Arrival is when a waiter's request reaches the server: open every connection
-        # the waiters will use first, so that none of them stops to connect (tens of ms
-        # on a busy machine for PostgreSQL) and falls behind the waiter started after it.
-        for coord in coords:
-            warm = [await coord.lock(f"warm:{n}", ttl=30).acquire() for n in range(8)]
-            for lease in warm:
-                await lease.release()
         holder = await coords[0].lock("line", ttl=30, fair=True).acquire()
         order: list[int] = []
 
         async def waiter(i: int) -> None:
             lock = coords[i % 3].lock("line", ttl=30, fair=True)
-            for _ in range(2):
-                async with lock:
-                    order.append(i)
-                    await asyncio.sleep(0.001)
+            async with lock:
+                order.append(i)
+                # Arrival is when a request reaches the server, and on a busy machine the
+                # one released just before may not be back yet: hold the lock until
+                # every other waiter is in line again.
+                await until_in_line(coords[0], "line", 19)
+            async with lock:
+                order.append(i)
 
         tasks = []
         for i in range(20):
             tasks.append(asyncio.create_task(waiter(i)))
-            await asyncio.sleep(0.01)
+            await until_in_line(coords[0], "line", i + 1)
         await holder.release()
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(60):
             await asyncio.gather(*tasks)
         assert order == list(range(20)) * 2
 
