@@ -7,17 +7,19 @@ the lock within the bounds the tests use.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
 import asynclock
-from asynclock import Backoff
+from asynclock import BackendError, Backoff
 from asynclock._wakeup import WakeHub
 from asynclock.backends import Claim, RedisBackend
 from asynclock.backends.base import Attempt
 from asynclock.backends.redis import Keys
-from asynclock.testing import ClusterSetup
+from asynclock.testing import ClusterSetup, SentinelSetup
 
 from .conftest import eventually, redis_backend
 
@@ -225,3 +227,35 @@ class TestRedlockCounting:
         assert [first.woken, second.woken] == [True, False]
         hub.announce("lock", "holder")  # a third node: the same release, no second wake-up
         assert [first.woken, second.woken] == [True, False]
+
+
+class TestSyncReplicas:
+    async def test_a_resent_acquire_waits_until_the_replicas_have_the_key(
+        self, asynclock_sentinel: SentinelSetup
+    ) -> None:
+        """An acquire sent again after its reply was lost finds the lock its own
+        ("already ours") on a new connection, which wrote nothing yet: ``WAIT`` there
+        counted every replica at once, even ones that never got the key. The re-sent
+        acquire now writes (renews the key), so ``WAIT`` counts only replicas that have
+        it: here none (they are stopped), and the acquire fails and gives the lock back."""
+        setup = asynclock_sentinel
+        master = setup.master()
+        claim = Claim("resent", secrets.token_hex(16), "test", False)
+        async with asynclock.connect(setup.url, sync_replicas=2, sync_timeout=0.5) as coord:
+            backend = redis_backend(coord)
+            keys = backend.keys("resent")
+            direct = Redis(host="127.0.0.1", port=master.port)
+            replicas = setup.replicas()
+            for replica in replicas:
+                replica.freeze()
+            try:
+                # The first request: it reached the master, its reply was lost.
+                script, numkeys, args = backend.acquire_call(keys, claim.value, 10)
+                assert int(await direct.eval(script.source, numkeys, *args)) > 0
+                with pytest.raises(BackendError, match="0 of the 2 replicas"):
+                    await backend.try_acquire(claim, 10)
+                assert await direct.get(keys.lock) is None  # given back
+            finally:
+                for replica in replicas:
+                    replica.resume()
+                await direct.aclose()

@@ -286,6 +286,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   -- Already ours: this is a retry of a request whose reply was lost. Same grant, and
   -- its fence, unless the counter was evicted: then a new one (its reply never arrived,
   -- so nobody saw the old one; 0 would read as "refused" and leave us waiting on us).
+  -- Renewed to a full ttl from now (its sender counts the lease from the retry), which is
+  -- also a write: a WAIT after it (sync_replicas) on the retry's connection counts only
+  -- replicas that have the key, not those that merely have that connection's (no) writes.
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if queued then
     leave(KEYS[3], KEYS[4], ARGV[1])
   end
@@ -332,7 +336,8 @@ ACQUIRE_FAIR = Script(
     + """
 local stay = tonumber(ARGV[4])
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  leave(KEYS[3], KEYS[4], ARGV[1])  -- a retry of a granted request
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])  -- a retry of a granted request: see ACQUIRE
+  leave(KEYS[3], KEYS[4], ARGV[1])
   local fence = tonumber(redis.call('GET', KEYS[2]) or 0)
   if fence > 0 then
     return fence
