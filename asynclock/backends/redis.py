@@ -461,7 +461,17 @@ class RedisBackend(Backend):
 
     async def _acquire_synced(self, call: Call, undo: Call) -> int:
         """The acquire script, then ``WAIT`` on the same connection if it was granted
-        (``undo`` gives the grant back when too few replicas confirmed)."""
+        (``undo`` gives the grant back when too few replicas confirmed).
+
+        No ``READONLY`` retry here, unlike :meth:`_Link.execute`, and none is needed: a
+        demoted master refuses the script at its first write, so a refused acquire holds
+        nothing and fails with ``BackendError`` like any unreachable server. Sentinel
+        demotes a master and kills its clients in one transaction, and a kept connection
+        closed meanwhile is reconnected (to the new master) before use; ``READONLY`` then
+        only comes from a demotion Sentinel has not made yet, where sending again would
+        ask the same sentinels for the same node. A grant is also never re-sent here:
+        were it (a retry after a lost reply), the script renews its own grant, a write
+        that ``WAIT`` waits for (see ``ACQUIRE``)."""
         link = self._link
         assert isinstance(link, _Link)  # sync_replicas never uses the pipelined link
         wanted = self._sync_replicas
