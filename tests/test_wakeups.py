@@ -259,3 +259,54 @@ class TestSyncReplicas:
                 for replica in replicas:
                     replica.resume()
                 await direct.aclose()
+
+    @pytest.mark.parametrize("asynclock_cluster", [0], indirect=True)
+    async def test_a_waiter_without_a_subscription_leaves_the_next_ones_in_place(
+        self,
+        asynclock_cluster: ClusterSetup,
+        namespace: str,
+        monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """The slot's node does not answer while waiter A subscribes (twice): A waits on
+        without wake-ups. B subscribes once the node is back; A gives up; the release
+        still wakes B. (A's leaving dropped the node's subscription under B.)"""
+        setup = asynclock_cluster
+        node = setup.node_for_slot(setup.keyslot(f"{namespace}:{{n}}"))
+        options = {"prefix": namespace, "socket_timeout": 1.0}
+        async with (
+            asynclock.connect(setup.url, **options) as a,
+            asynclock.connect(setup.url, **options) as b,
+        ):
+            holder = await a.lock("n", ttl=60).acquire()
+            backend = redis_backend(b)
+            attempts: list[str] = []  # the claim of each attempt
+            real = backend.try_acquire
+
+            async def stalling(claim: Claim, ttl: float, *, wait: float | None = 0.0) -> Attempt:
+                attempts.append(claim.value)
+                if len(attempts) == 2:
+                    await asyncio.to_thread(node.resume)  # A subscribed (or gave up on it)
+                attempt = await real(claim, ttl, wait=wait)
+                if len(attempts) == 1:
+                    await asyncio.to_thread(node.freeze)  # while A subscribes
+                return attempt
+
+            def tried(n: int) -> bool:
+                # The second waiter tried n times (its second once it had subscribed).
+                return len([v for v in attempts if v != attempts[0]]) >= n
+
+            monkeypatch.setattr(backend, "try_acquire", stalling)
+            with caplog.at_level("WARNING", logger="asynclock.redis"):
+                first = asyncio.create_task(b.lock("n", ttl=60, retry=SLEEPY).acquire())
+                assert await eventually(lambda: len(attempts) >= 2, WOKEN_WITHIN)
+            assert "without wake-ups" in caplog.text
+            second = asyncio.create_task(b.lock("n", ttl=60, retry=SLEEPY).acquire())
+            assert await eventually(lambda: tried(2), WOKEN_WITHIN)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            await holder.release()
+            async with asyncio.timeout(WOKEN_WITHIN):
+                lease = await second
+            await lease.release()
