@@ -14,7 +14,7 @@ import pytest
 from redis.asyncio import Redis
 
 import asynclock
-from asynclock import BackendError, Backoff
+from asynclock import BackendError, Backoff, LockTimeout
 from asynclock._wakeup import WakeHub
 from asynclock.backends import Claim, RedisBackend
 from asynclock.backends.base import Attempt
@@ -310,3 +310,23 @@ class TestSyncReplicas:
             async with asyncio.timeout(WOKEN_WITHIN):
                 lease = await second
             await lease.release()
+
+    @pytest.mark.parametrize("asynclock_cluster", [0], indirect=True)
+    async def test_a_waiter_that_gives_up_hears_its_sunsubscribe_confirmed(
+        self, asynclock_cluster: ClusterSetup, namespace: str
+    ) -> None:
+        """A waiter that gives up waits for the server to confirm its ``SUNSUBSCRIBE``;
+        the confirmation is recognised, so ``LockTimeout`` comes at the timeout, not a
+        socket timeout (5 s) later."""
+        async with (
+            asynclock.connect(asynclock_cluster.url, prefix=namespace) as a,
+            asynclock.connect(asynclock_cluster.url, prefix=namespace) as b,
+        ):
+            holder = await a.lock("n", ttl=60).acquire()
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            with pytest.raises(LockTimeout):
+                await b.lock("n", ttl=60, timeout=0.3, retry=SLEEPY).acquire()
+            assert loop.time() - began < 4.0
+            assert redis_backend(b).subscribed() == []
+            await holder.release()
