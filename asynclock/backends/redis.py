@@ -1658,8 +1658,8 @@ class _ShardedSubscriber:
                 raise
             else:
                 # Subscribed: references without a subscription (see the class) share it.
-                orphans = self._orphans.pop(channel, 0)
-                if orphans and not (
+                orphans = min(self._orphans.pop(channel, 0), self._refs.get(channel, 1) - 1)
+                if orphans > 0 and not (
                     self._route.get(channel) is subscriber and subscriber.hold(channel, orphans)
                 ):
                     self._orphans[channel] = orphans  # dropped again meanwhile: moving on
@@ -1680,6 +1680,7 @@ class _ShardedSubscriber:
             self._refs[channel] = refs
             return None
         self._refs.pop(channel, None)
+        self._orphans.pop(channel, None)
         subscriber = self._route.pop(channel, None)
         if subscriber is not None:
             for mailbox in self._mailboxes.get(channel, ()):
@@ -1705,13 +1706,17 @@ class _ShardedSubscriber:
     def _moved(self, subscriber: _Subscriber, channel: str, refs: int) -> None:
         """``subscriber``'s node dropped ``channel`` (its slot moved), with ``refs``
         references: they wait without a subscription until it is made on the new owner."""
-        if self._route.get(channel) is subscriber:
-            del self._route[channel]
-            for mailbox in self._mailboxes.get(channel, ()):
-                subscriber.undeliver(channel, mailbox)
+        if self._route.get(channel) is not subscriber:
+            return  # a lingering channel, routed nowhere: nobody waits on it
+        del self._route[channel]
+        for mailbox in self._mailboxes.get(channel, ()):
+            subscriber.undeliver(channel, mailbox)
         if not refs or self._closed:
-            return  # a lingering channel: nobody waits on it
-        self._orphans[channel] = self._orphans.get(channel, 0) + refs
+            return
+        # (Never more than the references counted here: one whose subscribe was still
+        # waiting for its confirmation is failed by the node and given back by itself.)
+        orphans = min(self._orphans.get(channel, 0) + refs, self._refs.get(channel, 0))
+        self._orphans[channel] = orphans
         logger.info("%s: %s moved off its node; subscribing on its new owner", self._where, channel)
         self._tasks.spawn(self._resubscribe(channel), name=f"asynclock-resubscribe:{channel}")
 
