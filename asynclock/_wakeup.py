@@ -19,8 +19,15 @@ from ._clock import Clock
 
 __all__ = ("Mailbox", "WakeHub", "WakeSlot")
 
-# Releases remembered per key while counting Redlock announcements.
-_RECENT_RELEASES = 16
+# Releases remembered per key while counting Redlock announcements. A Redlock release is
+# announced by each node it reached, all within a few round trips; between two of them
+# other releases of the name may come (contenders that got a minority give their nodes
+# back, each announced by those nodes only, never reaching the quorum). Forgetting the
+# release still being counted would lose its wake-up (the waiter then retries on its
+# timer: later, never unsafe), so the window is far wider than such a burst of a
+# name's contenders; it holds only names with waiters here, and is dropped with the
+# last one.
+_RECENT_RELEASES = 256
 
 
 class WakeSlot:

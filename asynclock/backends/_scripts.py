@@ -167,27 +167,38 @@ end
 """
 
 # The oldest waiter whose place has not expired, its client's inbox and when its place
-# lapses (dropping expired ones on the way, a bounded number per call).
+# lapses, dropping the lapsed ones ahead of it. Not bounded per call, so that a release
+# always finds the oldest live waiter however many dead places lead the queue (a process
+# killed with many waiters queued): each lapsed place is read and dropped once, so the
+# work over time is bounded by the number of joins (a few commands per place), read in
+# batches of 32.
 _NEXT_WAITER = """
 local function next_waiter(queue, due)
   local now = nil
-  for _ = 1, 16 do
-    local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    if not head then
+  while true do
+    local heads = redis.call('ZRANGE', queue, 0, 31)
+    if #heads == 0 then
       return nil
     end
     if not now then
       local t = redis.call('TIME')
       now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     end
-    local until_, inbox = string.match(redis.call('HGET', due, head) or '', '^(%d+):(.*)$')
-    if until_ and tonumber(until_) > now then
-      return head, inbox, tonumber(until_) - now
+    local lapsed = {}
+    for _, head in ipairs(heads) do
+      local until_, inbox = string.match(redis.call('HGET', due, head) or '', '^(%d+):(.*)$')
+      if until_ and tonumber(until_) > now then
+        if #lapsed > 0 then
+          redis.call('ZREM', queue, unpack(lapsed))
+          redis.call('HDEL', due, unpack(lapsed))
+        end
+        return head, inbox, tonumber(until_) - now
+      end
+      lapsed[#lapsed + 1] = head
     end
-    redis.call('ZREM', queue, head)
-    redis.call('HDEL', due, head)
+    redis.call('ZREM', queue, unpack(lapsed))
+    redis.call('HDEL', due, unpack(lapsed))
   end
-  return nil
 end
 """
 
@@ -254,13 +265,15 @@ ACQUIRE = Script(
 -- ARGV[5], ARGV[6] (with KEYS[3..4]) how long a refused caller keeps its place in the
 -- waiter queue (ms), and the suffix of the channel it listens on (its client's inbox)
 -- Returns the new fence (> 0) when granted; otherwise minus the holder's remaining ms,
--- or 0 when that is unknown (a key without expiry, set by someone else).
+-- or 0 when that is unknown (a key without expiry, set by someone else) or the caller
+-- is queued behind another waiter (only the first live waiter retries when the lease ends).
 -- Readers hold the lock key too (its value is then the readers' mark), so a writer is
 -- refused while any reader holds; a refused writer's place in the queue keeps new
 -- readers out until it got the lock or its place lapsed (writer preference).
 """
     + _FENCE
     + _JOIN
+    + _NEXT_WAITER
     + """
 local queued = #KEYS >= 4
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -273,6 +286,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   -- Already ours: this is a retry of a request whose reply was lost. Same grant, and
   -- its fence, unless the counter was evicted: then a new one (its reply never arrived,
   -- so nobody saw the old one; 0 would read as "refused" and leave us waiting on us).
+  -- Renewed to a full ttl from now (its sender counts the lease from the retry), which is
+  -- also a write: a WAIT after it (sync_replicas) on the retry's connection counts only
+  -- replicas that have the key, not those that merely have that connection's (no) writes.
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if queued then
     leave(KEYS[3], KEYS[4], ARGV[1])
   end
@@ -286,6 +303,12 @@ local pttl = redis.call('PTTL', KEYS[1])
 if queued then
   -- A release wakes the oldest live waiter only.
   join(KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[5]), ARGV[6])
+  if next_waiter(KEYS[3], KEYS[4]) ~= ARGV[1] then
+    -- Only the first waiter comes back when the holder's lease ends (a holder that
+    -- died publishes nothing): the others wait for the wake-up of its release, or
+    -- their own (jittered) backoff, not all at the same millisecond.
+    return 0
+  end
 end
 if pttl < 0 then
   return 0
@@ -305,7 +328,7 @@ ACQUIRE_FAIR = Script(
 -- else, even when the lock is free, so nobody barges. A dead waiter's place lapses after
 -- its stay, and it is skipped from then on. Returns the fence (> 0), or minus the ms
 -- after which trying again makes sense (the holder's lease, or the first waiter's place,
--- ends), or 0 when unknown.
+-- ends), or 0 when unknown or queued behind the first waiter.
 """
     + _FENCE
     + _JOIN
@@ -313,7 +336,8 @@ ACQUIRE_FAIR = Script(
     + """
 local stay = tonumber(ARGV[4])
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  leave(KEYS[3], KEYS[4], ARGV[1])  -- a retry of a granted request
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])  -- a retry of a granted request: see ACQUIRE
+  leave(KEYS[3], KEYS[4], ARGV[1])
   local fence = tonumber(redis.call('GET', KEYS[2]) or 0)
   if fence > 0 then
     return fence
@@ -332,6 +356,9 @@ end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl == -2 and lapses then
   return -math.max(lapses, 1)
+end
+if stay > 0 and first ~= nil and first ~= ARGV[1] then
+  return 0  -- queued behind the first waiter: only it retries when the lease ends (ACQUIRE)
 end
 if pttl < 0 then
   return 0
@@ -372,12 +399,14 @@ DEQUEUE = Script(
 -- ARGV[1] the value of a waiter that gave up (timed out, cancelled)
 -- Leaves whichever queue it is in. A wake-up it may have taken goes on: to the next
 -- exclusive waiter (or the readers) if the lock is free; to the readers if it was the
--- last writer keeping them out; to the next semaphore waiter. Returns 1 if it was
+-- last writer keeping them out; to the next semaphore waiter. The first waiter of a
+-- held lock wakes the next, which becomes first. Returns 1 if it was
 -- queued, else 0.
 """
     + _WAKE
     + """
 local id = 'dequeue:' .. redis.sha1hex(ARGV[1])
+local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 local was = redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
 if was == 1 then
@@ -386,6 +415,10 @@ if was == 1 then
     hand_on(KEYS[2], id, KEYS[3], KEYS[4], KEYS[5], KEYS[6])
   elseif holder == 'READERS_MARK' and not next_waiter(KEYS[3], KEYS[4]) then
     wake_readers(KEYS[2], id, KEYS[5], KEYS[6])
+  elseif head == ARGV[1] then
+    -- The first waiter left a held lock: the new first one (which sleeps on its
+    -- backoff, see ACQUIRE) tries once, and learns that it retries when the lease ends.
+    wake_next(KEYS[2], id, KEYS[3], KEYS[4])
   end
 end
 was = was + redis.call('ZREM', KEYS[5], ARGV[1])

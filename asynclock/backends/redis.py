@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
 from typing import Any, NamedTuple, Protocol
@@ -460,7 +461,17 @@ class RedisBackend(Backend):
 
     async def _acquire_synced(self, call: Call, undo: Call) -> int:
         """The acquire script, then ``WAIT`` on the same connection if it was granted
-        (``undo`` gives the grant back when too few replicas confirmed)."""
+        (``undo`` gives the grant back when too few replicas confirmed).
+
+        No ``READONLY`` retry here, unlike :meth:`_Link.execute`, and none is needed: a
+        demoted master refuses the script at its first write, so a refused acquire holds
+        nothing and fails with ``BackendError`` like any unreachable server. Sentinel
+        demotes a master and kills its clients in one transaction, and a kept connection
+        closed meanwhile is reconnected (to the new master) before use; ``READONLY`` then
+        only comes from a demotion Sentinel has not made yet, where sending again would
+        ask the same sentinels for the same node. A grant is also never re-sent here:
+        were it (a retry after a lost reply), the script renews its own grant, a write
+        that ``WAIT`` waits for (see ``ACQUIRE``)."""
         link = self._link
         assert isinstance(link, _Link)  # sync_replicas never uses the pipelined link
         wanted = self._sync_replicas
@@ -829,6 +840,9 @@ class RedisBackend(Backend):
         return self._subscriber.channels()
 
 
+# Replies of shard channels (Cluster), handled as their plain counterparts.
+_SHARD_KINDS = frozenset(("smessage", "ssubscribe", "sunsubscribe"))
+
 _BACKEND_OPTIONS = (
     "prefix",
     "fence_retention",
@@ -1131,6 +1145,9 @@ class _Subscriber:
         self._unsubscribing: dict[str, deque[asyncio.Future[None] | None]] = {}
         # Channels whose messages are delivered to mailboxes rather than waking waiters.
         self._mailboxes: dict[str, set[Mailbox]] = {}
+        # Told (channel, references) when the server drops a wanted subscription by
+        # itself (Cluster: its slot moved); the channel is forgotten here first.
+        self._dropped: Callable[[str, int], None] | None = None
         self._conn: AbstractConnection | None = None
         self._opened: set[AbstractConnection] = set()
         self._reader: asyncio.Task[None] | None = None
@@ -1408,7 +1425,7 @@ class _Subscriber:
     def _dispatch(self, reply: Any) -> bool:
         """Handle one reply; True when the server says nothing is subscribed any more."""
         kind = _text(reply[0])
-        if kind[0] == "s" and kind[1] != "u":  # smessage, ssubscribe, sunsubscribe
+        if kind in _SHARD_KINDS:  # smessage, ssubscribe, sunsubscribe
             kind = kind[1:]
         if kind == "message":
             self._on_message(_text(reply[1]), reply[2])
@@ -1455,6 +1472,39 @@ class _Subscriber:
                 del self._unsubscribing[channel]
             if done is not None and not done.done():
                 done.set_result(None)
+            return
+        if channel not in self._refs:
+            return
+        # Not asked for: the server dropped the subscription. Cluster does so for the
+        # shard channels of a slot that moved (a failover turned this node into a
+        # replica, or a resharding): they now live on the slot's new owner.
+        dropped = BackendError(f"{self._where}: the server dropped the subscription to {channel}")
+        if self._dropped is None:
+            # (Never seen from a plain server.) Start over: the reconnect subscribes
+            # every wanted channel again, and wakes every waiter once confirmed.
+            asyncio.get_running_loop().call_soon(self._restart, dropped)
+            return
+        refs = self._refs.pop(channel)
+        timer = self._lingering.pop(channel, None)
+        if timer is not None:
+            timer.cancel()
+        self._unconfirmed.pop(channel, None)
+        ready = self._ready.pop(channel, None)
+        if ready is not None and not ready.done():
+            ready.set_exception(dropped)  # its subscriber tries the slot's new owner
+            ready.exception()
+        self._dropped(channel, refs)
+
+    def hold(self, channel: str, count: int) -> bool:
+        """Add ``count`` references to a subscribed channel (confirmed by the server);
+        False, changing nothing, if it is not subscribed."""
+        ready = self._ready.get(channel)
+        if channel not in self._refs or ready is None or not ready.done():
+            return False
+        if ready.cancelled() or ready.exception() is not None:
+            return False
+        self._refs[channel] += count
+        return True
 
     async def aclose(self) -> None:
         self._closed = True
@@ -1507,7 +1557,16 @@ class _ShardedSubscriber:
     A channel keeps its node while anyone listens. If that node dies, its subscriber wakes
     everyone (a release may have been missed) and keeps trying to reconnect; waiters then
     retry on their timers (the holder's TTL, the backoff) until they get the lock, and the
-    next wait is routed to the slot's new owner.
+    next wait is routed to the slot's new owner. If the slot moves while its node lives (a
+    ``CLUSTER FAILOVER``, a resharding), the node drops the subscription (``sunsubscribe``):
+    the channel is subscribed again on the slot's new owner at once, and its waiters are
+    woken to look again once that is confirmed (a release may have gone out in between).
+
+    References are counted per channel (``_refs``, one per waiter or listener); those of
+    them without a subscription on a node (``_orphans``: the server dropped it, or a
+    subscribe failed twice and the waiter went on without wake-ups) are given back
+    first, so that leaving never unsubscribes a node under a waiter that still counts on
+    it; a later successful subscribe of the channel takes them over.
     """
 
     def __init__(self, client: RedisCluster, hub: WakeHub, where: str, *, inbox: str) -> None:
@@ -1518,8 +1577,12 @@ class _ShardedSubscriber:
         self._nodes: dict[str, _Subscriber] = {}
         self._route: dict[str, _Subscriber] = {}
         self._refs: dict[str, int] = {}
+        # References (counted in _refs) with no subscription on any node.
+        self._orphans: dict[str, int] = {}
         self._mailboxes: dict[str, set[Mailbox]] = {}
         self._closed = False
+        # Subscriptions moved to a slot's new owner.
+        self._tasks = TaskSet(f"sharded pub/sub of {where}")
 
     @property
     def _hub(self) -> WakeHub:
@@ -1563,6 +1626,7 @@ class _ShardedSubscriber:
             subscriber = self._nodes[node.name] = _Subscriber(
                 node, self._hub_, f"{self._where} ({node.name})", inbox=self._inbox, sharded=True
             )
+            subscriber._dropped = functools.partial(self._moved, subscriber)
         return subscriber
 
     async def subscribe(self, channel: str) -> None:
@@ -1593,13 +1657,22 @@ class _ShardedSubscriber:
                 self._forget(channel)
                 raise
             else:
+                # Subscribed: references without a subscription (see the class) share it.
+                orphans = min(self._orphans.pop(channel, 0), self._refs.get(channel, 1) - 1)
+                if orphans > 0 and not (
+                    self._route.get(channel) is subscriber and subscriber.hold(channel, orphans)
+                ):
+                    self._orphans[channel] = orphans  # dropped again meanwhile: moving on
                 return
         logger.warning(
             "%s: waiting on %s without wake-ups (its slot's node did not answer)",
             self._where,
             channel,
         )
-        self._refs[channel] = self._refs.get(channel, 0) + 1  # unsubscribe() balances it
+        # A reference with no subscription: unsubscribe() gives it back without touching
+        # the subscription a later waiter may have made on the node.
+        self._refs[channel] = self._refs.get(channel, 0) + 1
+        self._orphans[channel] = self._orphans.get(channel, 0) + 1
 
     def _forget(self, channel: str) -> _Subscriber | None:
         refs = self._refs.get(channel, 0) - 1
@@ -1607,6 +1680,7 @@ class _ShardedSubscriber:
             self._refs[channel] = refs
             return None
         self._refs.pop(channel, None)
+        self._orphans.pop(channel, None)
         subscriber = self._route.pop(channel, None)
         if subscriber is not None:
             for mailbox in self._mailboxes.get(channel, ()):
@@ -1614,12 +1688,70 @@ class _ShardedSubscriber:
         return subscriber
 
     async def unsubscribe(self, channel: str, *, confirm: bool) -> None:
+        orphans = self._orphans.get(channel, 0)
+        if orphans:
+            # Counts are interchangeable: giving back a reference without a subscription
+            # keeps the node's subscription for the waiters that remain.
+            if orphans > 1:
+                self._orphans[channel] = orphans - 1
+            else:
+                del self._orphans[channel]
+            self._forget(channel)
+            return
         subscriber = self._route.get(channel)
         self._forget(channel)
         if subscriber is not None:
             await subscriber.unsubscribe(channel, confirm=confirm)
 
+    def _moved(self, subscriber: _Subscriber, channel: str, refs: int) -> None:
+        """``subscriber``'s node dropped ``channel`` (its slot moved), with ``refs``
+        references: they wait without a subscription until it is made on the new owner."""
+        if self._route.get(channel) is not subscriber:
+            return  # a lingering channel, routed nowhere: nobody waits on it
+        del self._route[channel]
+        for mailbox in self._mailboxes.get(channel, ()):
+            subscriber.undeliver(channel, mailbox)
+        if not refs or self._closed:
+            return
+        # (Never more than the references counted here: one whose subscribe was still
+        # waiting for its confirmation is failed by the node and given back by itself.)
+        orphans = min(self._orphans.get(channel, 0) + refs, self._refs.get(channel, 0))
+        self._orphans[channel] = orphans
+        logger.info("%s: %s moved off its node; subscribing on its new owner", self._where, channel)
+        self._tasks.spawn(self._resubscribe(channel), name=f"asynclock-resubscribe:{channel}")
+
+    async def _resubscribe(self, channel: str) -> None:
+        """Subscribe ``channel`` on its slot's new owner for the waiters it still has,
+        then wake them: a release may have gone out while it was not subscribed."""
+        try:
+            if self._orphans.get(channel):
+                with map_backend_errors(self._where, _DRIVER_ERRORS):
+                    await self._client.nodes_manager.initialize()  # learn the new owner
+                if self._orphans.get(channel):
+                    # As one more waiter: its subscribe takes the orphans over.
+                    await self.subscribe(channel)
+                    await self.unsubscribe(channel, confirm=False)
+        except BackendError as exc:
+            if self._closed:
+                return
+            logger.warning(
+                "%s: subscribing to %s on its new node failed (%s); its waiters retry on "
+                "their timers",
+                self._where,
+                channel,
+                exc,
+            )
+        self._wake(channel)
+
+    def _wake(self, channel: str) -> None:
+        """Waiters on ``channel`` try again, its listeners look again."""
+        key = channel[: -len(self._inbox)] if channel.endswith(self._inbox) else channel
+        self._hub_.notify_all(key)
+        for mailbox in self._mailboxes.get(channel, ()):
+            mailbox.put("")
+
     async def aclose(self) -> None:
         self._closed = True
         for subscriber in list(self._nodes.values()):
             await subscriber.aclose()
+        await self._tasks.close(1.0)  # resubscribes: they fail now, closed
