@@ -353,3 +353,86 @@ class TestExhaustedPool:
                 await coord.backend.publish("topic", "message")
             async with coord.lock("only", ttl=30, timeout=5):
                 pass
+
+
+LONG = "worker-" + "x" * 80 + ":12345:abcdef"
+NON_ASCII = "wörker-✓:1:ab"
+LONG_HOST = "payments-api-deployment-7d9f8b6c5-x2k4j.payments.svc.cluster.local"
+
+
+class TestIdentities:
+    """application_name keeps 63 bytes of printable ASCII: identities that do not fit
+    are stored where they survive, and reported whole."""
+
+    @pytest.mark.parametrize("identity", [LONG, NON_ASCII, "#not-a-digest", "short:1:ab"])
+    async def test_inspect_reports_the_identity_whole(
+        self, asynclock_postgres_dsn: str, namespace: str, identity: str
+    ) -> None:
+        async with (
+            asynclock.connect(asynclock_postgres_dsn, namespace=namespace, identity=identity) as a,
+            asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as b,
+            a.lock("who", ttl=20) as lease,
+        ):
+            info = await b.inspect("who")
+            assert info is not None
+            assert (info.owner, info.fence) == (identity, lease.fence)
+            assert 10 < info.expires_in <= 20
+            await lease.extend(2000)  # a longer TTL leaves less room for the identity
+            info = await b.inspect("who")
+            assert info is not None
+            assert info.owner == identity
+            assert info.expires_in > 1000
+
+    async def test_the_default_identity_on_a_long_host_name(
+        self, asynclock_postgres_dsn: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """host:pid:random on a host with a long name (a Kubernetes pod's)."""
+        monkeypatch.setattr("asynclock._election.socket.gethostname", lambda: LONG_HOST)
+        async with (
+            asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as a,
+            asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as b,
+        ):
+            assert a.identity.startswith(LONG_HOST + ":")
+            async with a.semaphore("pod", 2, ttl=20):
+                pass
+            async with a.lock("pod", ttl=20):
+                info = await b.inspect("pod")
+                assert info is not None
+                assert info.owner == a.identity
+
+    async def test_leader_and_observe_name_a_long_identity_once(
+        self, asynclock_postgres_dsn: str, namespace: str
+    ) -> None:
+        """leader() returns the identity as given; observe() reports the leader once
+        (it reported it again under its cut name when it looked again)."""
+        ttl = 1.0
+        async with (
+            asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as a,
+            asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as b,
+        ):
+            candidate = a.election("chief", ttl=ttl, identity=NON_ASCII + LONG)
+            watcher = b.election("chief", ttl=ttl)
+            seen: list[str | None] = []
+            first = asyncio.Event()
+
+            async def observe() -> None:
+                async for leader in watcher.observe():
+                    seen.append(leader)
+                    first.set()
+
+            task = asyncio.create_task(observe())
+            try:
+                await asyncio.wait_for(first.wait(), 10)
+                async with candidate.leadership():
+                    assert await watcher.leader() == NON_ASCII + LONG
+                    assert await eventually(lambda: len(seen) >= 2, within=5)
+                    # Observers look again when the term could have ended (every ttl):
+                    # those looks must find the same name.
+                    await asyncio.sleep(3 * ttl)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            assert seen[:2] == [None, NON_ASCII + LONG]
+            assert set(seen) <= {None, NON_ASCII + LONG}
+            assert seen.count(NON_ASCII + LONG) == 1

@@ -75,8 +75,10 @@ from .._validate import check_name, check_number
 from .._wakeup import Mailbox, WakeHub, WakeSlot
 from ..postgres import (
     DEFAULT_NAMESPACE,
+    IDENTITY_TABLE,
     advisory_key,
     ensure_fence_sequence,
+    ensure_identity_table,
     key_in,
     lock_ids,
     permit_prefix,
@@ -532,6 +534,9 @@ class PostgresBackend(Backend):
         self._schema = schema
         self._sequence_name = fence_sequence
         self._sequence = f"{quote_ident(schema)}.{quote_ident(fence_sequence)}"
+        self._identities = f"{quote_ident(schema)}.{quote_ident(IDENTITY_TABLE)}"
+        # Identities stored in the identity table by this backend (see _register).
+        self._registered: set[str] = set()
         self._owns_pool = False
         self._pool_started = False
         args = getattr(pool, "_connect_args", ())
@@ -630,6 +635,9 @@ class PostgresBackend(Backend):
         clock = self.clock
         began = clock.now()
         sql = self._sql or await self._statements()
+        owner = _owner(claim.value)
+        if owner not in self._registered and not _inline(owner, math.ceil(ttl * 1000)):
+            await self._register(owner, math.ceil(ttl * 1000))
         if claim.limit:
             permit = await self._take_permit(sql, claim, math.ceil(ttl * 1000), wait, began)
             if permit is None:
@@ -894,6 +902,7 @@ class PostgresBackend(Backend):
             return False
         sql = self._sql or await self._statements()
         ttl_ms = math.ceil(ttl * 1000)
+        await self._register(_owner(claim.value), ttl_ms)
         async with session.lock:
             if session.ended():
                 return False
@@ -902,7 +911,8 @@ class PostgresBackend(Backend):
             if ttl_ms == session.ttl_ms:
                 statement, args = sql.heartbeat, []
             else:
-                name = f"{_APP_PREFIX}{session.fence}:{ttl_ms}:{_owner(claim.value)}"
+                shown = _shown(_owner(claim.value), ttl_ms)
+                name = f"{_APP_PREFIX}{session.fence}:{ttl_ms}:{shown}"
                 statement, args = sql.heartbeat_new_ttl, [name]
                 if sql.has_idle_timeout:
                     args.append(str(ttl_ms))
@@ -974,12 +984,46 @@ class PostgresBackend(Backend):
         with self._errors:
             async with self._borrowed() as conn:
                 rows = await conn.fetch(sql.inspect, classid, objid)
-        best: LockInfo | None = None
-        for row in rows:
-            info = _holder_info(name, row)
-            if best is None or info.fence > best.fence:
-                best = info
+                best: LockInfo | None = None
+                for row in rows:
+                    info = _holder_info(name, row)
+                    if best is None or info.fence > best.fence:
+                        best = info
+                if best is not None and best.fence and best.owner.startswith(_DIGEST_MARK):
+                    best = await self._identified(conn, best)
         return best
+
+    async def _identified(self, conn: Any, info: LockInfo) -> LockInfo:
+        """``info`` with the identity its digest stands for (see :func:`_inline`); as it
+        is if the table or the row is missing."""
+        try:
+            identity = await conn.fetchval(
+                f"SELECT identity FROM {self._identities} WHERE digest = $1",
+                info.owner[len(_DIGEST_MARK) :],
+            )
+        except asyncpg.exceptions.UndefinedTableError:
+            return info
+        if identity is None:
+            return info
+        return LockInfo(info.name, identity, info.expires_in, info.fence)
+
+    async def _register(self, identity: str, ttl_ms: int) -> None:
+        """Store ``identity`` in the identity table if application_name cannot show it
+        (once per identity and backend; the table is created on first need)."""
+        if identity in self._registered or _inline(identity, ttl_ms):
+            return
+        insert = (
+            f"INSERT INTO {self._identities} (digest, identity) VALUES ($1, $2) "
+            "ON CONFLICT (digest) DO NOTHING"
+        )
+        with self._errors:
+            async with self._borrowed() as conn:
+                try:
+                    await conn.execute(insert, _digest(identity), identity)
+                except asyncpg.exceptions.UndefinedTableError:
+                    await ensure_identity_table(conn, self._schema)
+                    await conn.execute(insert, _digest(identity), identity)
+        self._registered.add(identity)
 
     def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
         # Waiting happens in the server's lock queue (native_wait); a slot keeps the
@@ -1397,7 +1441,7 @@ def _session_args(sql: _Statements, session: _Session, value: str, configure: bo
     """The parameters that name a granted session: application_name tail, idle timeout,
     keepalives (first lease on the connection)."""
     ttl_ms = session.ttl_ms
-    args: list[object] = [f"{ttl_ms}:{_owner(value)}"]
+    args: list[object] = [f"{ttl_ms}:{_shown(_owner(value), ttl_ms)}"]
     if sql.has_idle_timeout:
         args.append(str(ttl_ms))
     if configure:
@@ -1409,6 +1453,41 @@ def _session_args(sql: _Statements, session: _Session, value: str, configure: bo
 def _owner(value: str) -> str:
     """The identity part of a claim's ``token:identity`` value."""
     return value.partition(":")[2]
+
+
+# application_name keeps at most 63 bytes (NAMEDATALEN - 1; longer is cut) of printable
+# ASCII (other characters are replaced or escaped): a holder's identity is shown there as
+# itself only when it survives that whatever the fence (a bigint: up to 19 digits) and
+# the TTL. Any other identity is shown as "#" and a digest of it, and the identity itself
+# is stored once in a table (IDENTITY_TABLE), where inspect() finds it. Storing it is
+# safer than bounding identities: the default host:pid:random identity of a host with a
+# long name (a Kubernetes pod's) must be reported as it is, and an identity cut or
+# escaped would name another holder, or one holder under two names (observe()).
+_APP_NAME_BYTES = 63
+_FENCE_DIGITS = 19
+_DIGEST_MARK = "#"
+_DIGEST_CHARS = 32
+
+
+def _inline(identity: str, ttl_ms: int) -> bool:
+    """Whether ``identity`` survives in application_name as itself (see above)."""
+    size = len(_APP_PREFIX) + _FENCE_DIGITS + len(str(ttl_ms)) + 2 + len(identity)
+    return (
+        size <= _APP_NAME_BYTES
+        and identity.isascii()
+        and identity.isprintable()
+        and not identity.startswith(_DIGEST_MARK)
+    )
+
+
+def _digest(identity: str) -> str:
+    """The key of ``identity`` in the identity table (128 bits of SHA-256, hex)."""
+    return hashlib.sha256(identity.encode()).hexdigest()[:_DIGEST_CHARS]
+
+
+def _shown(identity: str, ttl_ms: int) -> str:
+    """What application_name carries for ``identity``: itself, or its digest form."""
+    return identity if _inline(identity, ttl_ms) else _DIGEST_MARK + _digest(identity)
 
 
 def _holder_info(name: str, row: asyncpg.Record) -> LockInfo:
