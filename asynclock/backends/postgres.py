@@ -17,7 +17,12 @@ one round trip:
   goes back to the pool.
 
 A connection that failed or was interrupted mid-statement is terminated instead of being
-returned: ending the session is what certainly releases its locks.
+returned: ending the session is what certainly releases its locks. A statement that
+failed with ``lock_timeout`` may have taken its lock before it failed (in the fence's
+``nextval()``): session locks do not roll back with their statement, so every advisory
+lock of the session is dropped before the connection is used again (or it is ended).
+A connection that ends under a held lease (asyncpg's termination listener) loses the
+lease at once (:meth:`Backend.on_hold_lost`).
 
 A waiting acquire first tries (``pg_try_advisory_lock``), and that statement also sets
 ``client_connection_check_interval`` (1 s) for the session: the server arms that check
@@ -495,6 +500,12 @@ class PostgresBackend(Backend):
     that a lease does not pay for a pool checkout; ``aclose()`` gives them back. A
     semaphore waiter also pins its connection while it waits, and one more connection
     LISTENs while anyone in this process waits for a permit or observes an election.
+    ``inspect()``, ``publish()`` and LISTEN use a kept connection if there is one, else
+    wait at most ``pool_timeout`` seconds for the pool, then raise ``BackendError``.
+
+    Holder identities that ``application_name`` cannot keep whole (too long, or not
+    printable ASCII) are stored in the table ``schema.asynclock_identities`` (created on
+    first need; see :data:`asynclock.postgres.IDENTITY_TABLE`).
     """
 
     native_wait = True
