@@ -913,7 +913,9 @@ class PostgresBackend(Backend):
             return False
         sql = self._sql or await self._statements()
         ttl_ms = math.ceil(ttl * 1000)
-        await self._register(_owner(claim.value), ttl_ms)
+        owner = _owner(claim.value)
+        if ttl_ms != session.ttl_ms and owner not in self._registered:
+            await self._register(owner, ttl_ms)  # a new TTL may leave no room for it
         async with session.lock:
             if session.ended():
                 return False
