@@ -84,6 +84,9 @@ class Coordinator:
         # before it closes the backend.
         self._in_flight = 0
         self._drained: asyncio.Event | None = None
+        # The backend tells us when a hold certainly ended on the server (a PostgreSQL
+        # session that died): that lease is lost now, not at its next renewal.
+        backend.on_hold_lost(self._hold_lost)
 
     @property
     def backend(self) -> Backend:
@@ -330,6 +333,14 @@ class Coordinator:
     def _hold(self, lease: Lease, start: float) -> None:
         self._held[lease] = None
         self._watchdog.watch(lease, start)
+
+    def _hold_lost(self, claim: Claim) -> None:
+        """The backend knows ``claim``'s hold on the server ended: lose its lease (the
+        body is cancelled, as on any loss). Rare, so a scan of the held leases."""
+        for lease in self._held:
+            if lease._claim is claim:
+                lease._lose("the server ended the session that held the lock")
+                return
 
     def _forget(self, lease: Lease) -> None:
         self._held.pop(lease, None)

@@ -18,16 +18,24 @@ from ._validate import check_name, check_timeout
 
 __all__ = (
     "DEFAULT_NAMESPACE",
+    "IDENTITY_TABLE",
     "NoTransactionError",
     "advisory_key",
     "advisory_xact_lock",
     "fence_sequence_sql",
+    "identity_table_sql",
     "permit_key",
     "quote_ident",
 )
 
 #: The namespace mixed into every key unless another is configured.
 DEFAULT_NAMESPACE = "asynclock"
+
+#: The table (in the coordinator's schema) that keeps holder identities that
+#: ``application_name`` cannot show whole: longer than about 25 bytes, or not printable
+#: ASCII. Created on first need; one small row per such identity, never deleted by
+#: asynclock (delete old rows at will: ``inspect()`` then shows ``#`` and a digest).
+IDENTITY_TABLE = "asynclock_identities"
 
 
 class NoTransactionError(LockError, RuntimeError):
@@ -111,6 +119,32 @@ def quote_ident(identifier: str) -> str:
 def fence_sequence_sql(schema: str, sequence: str) -> str:
     """The SQL that creates the fence sequence (run it by hand if the role may not)."""
     return f"CREATE SEQUENCE IF NOT EXISTS {quote_ident(schema)}.{quote_ident(sequence)} CACHE 1;"
+
+
+def identity_table_sql(schema: str) -> str:
+    """The SQL that creates the identity table (run it by hand if the role may not)."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {quote_ident(schema)}.{quote_ident(IDENTITY_TABLE)} "
+        "(digest text PRIMARY KEY, identity text NOT NULL);"
+    )
+
+
+async def ensure_identity_table(conn: asyncpg.Connection[Any], schema: str) -> None:
+    """Create the identity table if it does not exist; a clear error if we may not."""
+    sql = identity_table_sql(schema)
+    qualified = f"{quote_ident(schema)}.{quote_ident(IDENTITY_TABLE)}"
+    try:
+        async with conn.transaction():
+            await conn.execute(sql)
+    except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+        raise BackendError(
+            f"the role may not create the table {qualified} ({exc}), which keeps holder "
+            "identities too long or not ASCII for application_name; run this once as a "
+            f"role that may, or use identities of printable ASCII that fit:\n    {sql}\n"
+            f"    GRANT SELECT, INSERT ON {qualified} TO <role>;"
+        ) from exc
+    except (asyncpg.exceptions.UniqueViolationError, asyncpg.exceptions.DuplicateTableError):
+        return  # created concurrently (IF NOT EXISTS is not atomic)
 
 
 def _timeout_ms(seconds: float) -> str:

@@ -215,6 +215,7 @@ class Env:
     make: Callable[[], Coordinator]
     other: Coordinator
     pg: Any = None  # an asyncpg connection for pg_locks (PostgreSQL only)
+    retake: float = 2.0  # how long the coordinator may take to take the name again
 
     def supports(self, op: Op) -> bool:
         return op.needs is None or bool(getattr(self.other.backend, op.needs))
@@ -288,13 +289,13 @@ async def not_free(env: Env, op: Op, name: str) -> str | None:
     return None
 
 
-async def still_works(coord: Coordinator, op: Op, name: str) -> None:
-    async with asyncio.timeout(5):
+async def still_works(coord: Coordinator, op: Op, name: str, retake: float = 2.0) -> None:
+    async with asyncio.timeout(3 + retake):
         if op.kind == "election":
             async with election_of(coord, name).leadership():
                 pass
             return
-        lease = await lock_of(coord, op.kind, name, timeout=2).acquire()
+        lease = await lock_of(coord, op.kind, name, timeout=retake).acquire()
         await lease.release()
 
 
@@ -374,7 +375,7 @@ async def _run_point(env: Env, op: Op, name: str, k: int | None, owners: TaskOwn
         if not problems:
             try:
                 with owner(FRESH):
-                    await still_works(coord, op, name)
+                    await still_works(coord, op, name, env.retake)
             except Exception as exc:
                 problems.append(f"the coordinator does not take {name!r} again: {exc!r}")
     finally:
@@ -882,3 +883,66 @@ async def test_a_waiter_cancelled_before_waiting_leaves_the_line_at_once(
     assert point.requested
     assert point.label == where
     assert not point.problems, point.problems
+
+
+# What an acquire whose fence times out may report besides a cancel: the attempt itself
+# ends with LockTimeout when it is not cancelled, and the coordinator cannot take the name
+# again while the fence sequence stays locked.
+_FENCE_TIMED_OUT = re.compile(
+    r"raised LockTimeout\(|the coordinator does not take '[^']*' again: LockTimeout\("
+)
+
+
+# Not semaphores: a permit waiter with no timeout scans again and again while the fence
+# fails, never ending (test_postgres_failures.py covers a permit's try and wait).
+@pytest.mark.parametrize("kind", ["lock", "read"])
+@pytest.mark.parametrize("backend_kind", ["postgres"])
+async def test_postgres_cancelled_around_a_fence_that_times_out(
+    request: pytest.FixtureRequest,
+    make_coord: MakeCoord,
+    namespace: str,
+    kind: str,
+    record_property: Callable[[str, object], None],
+) -> None:
+    """A statement on a lock connection that fails after it took the lock: a session
+    lock_timeout bounds the fence's nextval(), held up by a migration's ALTER SEQUENCE,
+    so every try takes the lock (or a permit) and then fails. Cancelled at each point
+    (the failing statement, the clean-up statement that drops what it took, the give-
+    back) and run to its LockTimeout: nothing stays held on the server, the task ends
+    cancelled."""
+    dsn = request.getfixturevalue("asynclock_postgres_dsn")
+    sequence = f"fence_{namespace}"
+    admin = await asyncpg.connect(dsn)
+    pg = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(f'CREATE SEQUENCE "{sequence}" CACHE 1')
+        env = Env(
+            "postgres",
+            lambda: make_coord(fence_sequence=sequence, server_settings={"lock_timeout": "50"}),
+            make_coord(),  # the default sequence: its probes are not held up
+            pg,
+            retake=0.1,  # it cannot while the sequence is locked: no need to wait long
+        )
+        op = Op(f"{kind}.acquire(fence-times-out)", kind, "acquire", warm=False)
+        result = Sweep()
+        ended = False
+        async with admin.transaction():
+            await admin.execute(f'ALTER SEQUENCE "{sequence}" CACHE 1')
+            for k in range(1, MAX_POINTS + 1):
+                point = await run_point(env, op, safe_name(op.name), k)
+                problems = [p for p in point.problems if not _FENCE_TIMED_OUT.match(p)]
+                if problems:
+                    result.failures.append(f"k={k} ({point.label}): {'; '.join(problems)}")
+                if not point.requested:
+                    ended = any(p.startswith("raised LockTimeout(") for p in point.problems)
+                    break
+                result.points = k
+                result.labels.append(point.label)
+        record_property("cancel_points", result.points)  # (not in the summary's table)
+        assert not result.failures, "\n".join(result.failures)
+        assert ended, "the acquire did not end with LockTimeout: the fence did not time out"
+        assert result.points > 0
+    finally:
+        await admin.execute(f'DROP SEQUENCE IF EXISTS "{sequence}"')
+        await admin.close()
+        await pg.close()

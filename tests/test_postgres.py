@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -139,18 +140,34 @@ class TestSessionLocks:
     async def test_terminated_session_cancels_the_body(
         self, coord: asynclock.Coordinator, pool: asyncpg.Pool
     ) -> None:
-        """pg_terminate_backend of the holder's session: the body is cancelled with
-        LockLost within a renewal period."""
-        ttl = 1.5
+        """pg_terminate_backend of the holder's session: the lease is lost and the body
+        cancelled with LockLost as soon as the driver sees the connection end, not at the
+        next renewal (ttl/3 = 10 s here; another client could take the lock meanwhile)."""
+        ttl = 30.0
         killed_at = 0.0
-        with pytest.raises(LockLost):
-            async with coord.lock("victim", ttl=ttl):
+        with pytest.raises(LockLost, match="ended the session"):
+            async with coord.lock("victim", ttl=ttl) as lease:
                 (row,) = await advisory_rows(pool, backend_of(coord).key("victim"))
+                killed_at = time.monotonic()
                 async with pool.acquire() as conn:
                     assert await conn.fetchval("SELECT pg_terminate_backend($1)", row["pid"])
-                killed_at = time.monotonic()
-                await asyncio.sleep(30)
-        assert time.monotonic() - killed_at < ttl / 3 + 0.3
+                await asyncio.sleep(ttl)
+        assert lease.lost
+        assert time.monotonic() - killed_at < 5.0
+        assert await advisory_rows(pool) == []
+
+    async def test_a_server_restart_loses_the_lease_at_once(
+        self, asynclock_postgres_factory: Any, namespace: str
+    ) -> None:
+        """A restart of the server ends every session: each lease is lost when its
+        connection ends, not a renewal period later."""
+        (server,) = asynclock_postgres_factory(1)
+        async with asynclock.connect(server.url, namespace=namespace) as coord:
+            lease = await coord.lock("restarted", ttl=30).acquire()
+            stopped_at = time.monotonic()
+            server.kill()
+            assert await eventually(lambda: lease.lost, within=5.0)
+            assert time.monotonic() - stopped_at < 5.0
 
     async def test_fences_increase_across_coordinator_restarts(
         self, asynclock_postgres_dsn: str, namespace: str

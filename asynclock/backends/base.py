@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
@@ -154,6 +154,20 @@ class Backend(abc.ABC):
         self.drift_base = check_number("drift_base", drift_base)
         if self.drift_factor >= 0.5:
             raise ValueError(f"drift_factor must be < 0.5, got {drift_factor!r}")
+        self._hold_lost: list[Callable[[Claim], None]] = []
+
+    def on_hold_lost(self, callback: Callable[[Claim], None]) -> None:
+        """Have ``callback(claim)`` called (in the event loop, not awaited) when the backend
+        knows that ``claim``'s hold on the server has ended (PostgreSQL: the session that
+        held the lock died), so that its lease is declared lost at once instead of at its
+        next renewal. Coordinators register here."""
+        self._hold_lost.append(callback)
+
+    def _hold_ended(self, claim: Claim) -> None:
+        """For subclasses: ``claim``'s hold on the server certainly ended (see
+        :meth:`on_hold_lost`)."""
+        for callback in list(getattr(self, "_hold_lost", ())):
+            callback(claim)
 
     def check_name(self, name: str) -> None:
         """Raise ``ValueError`` for a valid name this backend cannot lock (default: none).
@@ -212,7 +226,11 @@ class Backend(abc.ABC):
         """Extend several claims at once, as the watchdog does for leases due together.
 
         Per item: True extended, False refused (no longer held), None unknown (a backend
-        error; the caller retries). Backends override this to send one request per node.
+        error, or no answer within a third of the smallest TTL of the batch; the caller
+        retries). The items answer on their own: one that hangs (a stalled connection)
+        reads as unknown without holding back the others' answers, which would otherwise
+        all come too late (the batch is answered as a whole). Backends override this to
+        send one request per node.
         """
 
         async def one(claim: Claim, ttl: float) -> bool | None:
@@ -221,7 +239,15 @@ class Backend(abc.ABC):
             except BackendError:
                 return None
 
-        return list(await asyncio.gather(*(one(c, t) for c, t in items)))
+        if len(items) == 1:
+            return [await one(*items[0])]
+        tasks = [asyncio.ensure_future(one(c, t)) for c, t in items]
+        try:
+            done, _ = await asyncio.wait(tasks, timeout=min(t for _, t in items) / 3)
+        finally:
+            for task in tasks:
+                task.cancel()  # those still waiting: unknown (no-op for finished ones)
+        return [task.result() if task in done else None for task in tasks]
 
     @abc.abstractmethod
     async def release(self, claim: Claim) -> bool:

@@ -17,7 +17,12 @@ one round trip:
   goes back to the pool.
 
 A connection that failed or was interrupted mid-statement is terminated instead of being
-returned: ending the session is what certainly releases its locks.
+returned: ending the session is what certainly releases its locks. A statement that
+failed with ``lock_timeout`` may have taken its lock before it failed (in the fence's
+``nextval()``): session locks do not roll back with their statement, so every advisory
+lock of the session is dropped before the connection is used again (or it is ended).
+A connection that ends under a held lease (asyncpg's termination listener) loses the
+lease at once (:meth:`Backend.on_hold_lost`).
 
 A waiting acquire first tries (``pg_try_advisory_lock``), and that statement also sets
 ``client_connection_check_interval`` (1 s) for the session: the server arms that check
@@ -59,10 +64,11 @@ import hashlib
 import logging
 import math
 import random
+import re
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import asyncpg
 
@@ -70,12 +76,14 @@ from .._backoff import Backoff
 from .._clock import Clock
 from .._errors import BackendError, map_backend_errors
 from .._tasks import TaskSet
-from .._validate import check_name
+from .._validate import check_name, check_number
 from .._wakeup import Mailbox, WakeHub, WakeSlot
 from ..postgres import (
     DEFAULT_NAMESPACE,
+    IDENTITY_TABLE,
     advisory_key,
     ensure_fence_sequence,
+    ensure_identity_table,
     key_in,
     lock_ids,
     permit_prefix,
@@ -111,8 +119,15 @@ _IDLE = "idle_session_timeout"
 # Everything a lease may change on its session; RESET when a connection leaves us.
 _RESET = (
     "RESET application_name; RESET tcp_keepalives_idle; RESET tcp_keepalives_interval; "
-    "RESET idle_session_timeout; RESET client_connection_check_interval"
+    "RESET idle_session_timeout; RESET client_connection_check_interval; "
+    "RESET statement_timeout"
 )
+# Waits set statement_timeout to 0 (no limit) for the session before they wait: a role or
+# database statement_timeout would end a wait in the queue with an error, and the server
+# arms statement_timeout when a statement starts, so it must be set by the statement
+# before. The wait itself is bounded by its lock_timeout and the caller's deadline; our
+# other statements are short. RESET when the connection goes back to the pool.
+_UNBOUNDED = "set_config('statement_timeout', '0', false)"
 # How often a server backend waiting in the lock queue checks that its client is still
 # there (PostgreSQL >= 14): a killed waiter leaves the queue within this.
 _CHECK_INTERVAL_MS = 1000
@@ -131,11 +146,95 @@ async def _keep_as_is(conn: asyncpg.Connection[Any]) -> None:
     """Pool reset for our own pool: connections come back in the state they left."""
 
 
+# A URL DSN read leniently: credentials up to the last "@" that is followed by a host list
+# (no "@", "/", "?" or "#" in it), then the path and query. For passwords with "#", "/",
+# "?" or "@" that were not percent-encoded, which a URL parser cuts in the wrong place.
+_LENIENT_DSN = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<auth>.*?)@(?P<hosts>[^@/?#]*)(?P<tail>[/?].*)?",
+    re.DOTALL,
+)
+
+
+def _host_list_ok(hostspec: str) -> bool:
+    """Whether asyncpg can read ``hostspec`` (``h1:5432,[::1]:5433,h3``): ports numeric,
+    and no ``@`` (a password's, cut at its own ``@``)."""
+    if "@" in hostspec:
+        return False
+    for item in hostspec.split(","):
+        if item.startswith("["):
+            _, bracket, rest = item[1:].partition("]")
+            if not bracket or (rest and not rest.startswith(":")):
+                return False
+            port = rest[1:]
+        else:
+            port = item.partition(":")[2]
+        if port and not port.isdigit():
+            return False
+    return True
+
+
+def _split_dsn(dsn: str) -> tuple[str, str, str, str] | None:
+    """``(scheme, credentials, host list, path and query)`` of a URL DSN, read as asyncpg
+    reads it (``urllib.parse``, credentials before the first ``@``, several hosts
+    separated by commas), else leniently (:data:`_LENIENT_DSN`); None if neither reads
+    it. Never raises: the text may hold a password."""
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:
+        parts = None
+    if parts is not None and parts.scheme and not parts.fragment:
+        auth, at, hostspec = parts.netloc.partition("@")
+        if not at:
+            auth, hostspec = "", parts.netloc
+        if _host_list_ok(hostspec):
+            query = f"?{parts.query}" if parts.query else ""
+            return parts.scheme, auth, hostspec, parts.path + query
+    found = _LENIENT_DSN.fullmatch(dsn)
+    if found is None or not _host_list_ok(found["hosts"]):
+        return None
+    return found["scheme"], found["auth"], found["hosts"], found["tail"] or ""
+
+
 def _describe_dsn(dsn: str) -> str:
-    parts = urlsplit(dsn)
-    host = parts.hostname or "localhost"
-    port = f":{parts.port}" if parts.port else ""
-    return f"{host}{port}{parts.path or '/'}"
+    """``hosts/database`` of a DSN, without credentials (for reprs, logs and errors)."""
+    split = _split_dsn(dsn)
+    if split is None:
+        return "(DSN not shown)"
+    _, _, hostspec, tail = split
+    path = tail.partition("?")[0]
+    return f"{hostspec or 'localhost'}{path or '/'}"
+
+
+def _usable_dsn(dsn: str) -> str:
+    """``dsn`` as asyncpg will read it: unchanged if it does, else with its credentials
+    percent-encoded (a password with an unescaped ``#``, ``/``, ``?`` or ``@``).
+
+    Raises ValueError, naming no credentials, if it is no DSN at all."""
+    split = _split_dsn(dsn)
+    if split is None:
+        raise ValueError(
+            f"not a PostgreSQL DSN asyncpg can read: {_redacted(dsn)} (expected "
+            "postgresql://user:password@host:port[,host:port...]/database?options)"
+        )
+    scheme, auth, hostspec, tail = split
+    try:
+        parts = urlsplit(dsn)
+        as_is = parts.netloc.partition("@")[2] == hostspec and not parts.fragment
+    except ValueError:
+        as_is = False
+    if as_is or not auth:
+        return dsn
+    user, colon, password = auth.partition(":")
+    encoded = quote(unquote(user), safe="")
+    if colon:
+        encoded += ":" + quote(password, safe="")
+    return f"{scheme}://{encoded}@{hostspec}{tail}"
+
+
+def _redacted(dsn: str) -> str:
+    """The scheme of a DSN and nothing else of what precedes its host list."""
+    scheme = dsn.partition("://")[0] if "://" in dsn else ""
+    return f"{scheme}://..." if scheme.isascii() and scheme.isalnum() else "(DSN not shown)"
 
 
 class _Conn:
@@ -176,9 +275,11 @@ class _Session:
         "done",
         "fence",
         "flagged",
+        "gone",
         "interrupted",
         "key",
         "lock",
+        "on_close",
         "permit",
         "pid",
         "released",
@@ -205,6 +306,10 @@ class _Session:
         self.released = False
         # A release statement was interrupted: the lock may already be unlocked.
         self.interrupted = False
+        # The connection was terminated (and handed back to the pool as dead).
+        self.gone = False
+        # The termination listener on the connection while the session uses it.
+        self.on_close: Any = None
 
     def ended(self) -> bool:
         """True once the session was given back or terminated (re-read after awaits)."""
@@ -307,15 +412,19 @@ class _Statements:
         if mode != _WAIT:
             check = ""
             source = ""
-            if mode == _TRY_BEFORE_WAIT and self.has_idle_timeout:
-                # The server arms the client-connection check when a statement starts,
-                # from the session's value: set in the waiting statement itself it would
-                # come too late (measured: a killed waiter stayed queued). Session scope,
-                # set here, before the wait; RESET when the connection goes back.
-                check = (
-                    "checked AS (SELECT set_config('client_connection_check_interval', "
-                    f"'{_CHECK_INTERVAL_MS}', false)), "
-                )
+            if mode == _TRY_BEFORE_WAIT:
+                # The server arms the client-connection check and statement_timeout when
+                # a statement starts, from the session's values: set in the waiting
+                # statement itself they would come too late (measured: a killed waiter
+                # stayed queued). Session scope, set here, before the wait; RESET when
+                # the connection goes back.
+                checks = [_UNBOUNDED]
+                if self.has_idle_timeout:
+                    checks.append(
+                        "set_config('client_connection_check_interval', "
+                        f"'{_CHECK_INTERVAL_MS}', false)"
+                    )
+                check = f"checked AS (SELECT {', '.join(checks)}), "
                 source = " FROM checked"
             return (
                 f"WITH {check}attempt AS (SELECT pg_try_advisory_lock{kind}($1) AS ok{source}), "
@@ -391,6 +500,12 @@ class PostgresBackend(Backend):
     that a lease does not pay for a pool checkout; ``aclose()`` gives them back. A
     semaphore waiter also pins its connection while it waits, and one more connection
     LISTENs while anyone in this process waits for a permit or observes an election.
+    ``inspect()``, ``publish()`` and LISTEN use a kept connection if there is one, else
+    wait at most ``pool_timeout`` seconds for the pool, then raise ``BackendError``.
+
+    Holder identities that ``application_name`` cannot keep whole (too long, or not
+    printable ASCII) are stored in the table ``schema.asynclock_identities`` (created on
+    first need; see :data:`asynclock.postgres.IDENTITY_TABLE`).
     """
 
     native_wait = True
@@ -415,6 +530,7 @@ class PostgresBackend(Backend):
         clock: Clock | None = None,
         drift_factor: float = 0.01,
         drift_base: float = 0.002,
+        pool_timeout: float = 10.0,
     ) -> None:
         super().__init__(clock=clock, drift_factor=drift_factor, drift_base=drift_base)
         if not isinstance(pool, asyncpg.Pool):
@@ -423,11 +539,15 @@ class PostgresBackend(Backend):
         quote_ident(schema)
         quote_ident(fence_sequence)
         self._pool = pool
+        self._pool_timeout = check_number("pool_timeout", pool_timeout, positive=True)
         self._namespace = namespace
         self._key_prefix = namespace.encode() + b"\x00"
         self._schema = schema
         self._sequence_name = fence_sequence
         self._sequence = f"{quote_ident(schema)}.{quote_ident(fence_sequence)}"
+        self._identities = f"{quote_ident(schema)}.{quote_ident(IDENTITY_TABLE)}"
+        # Identities stored in the identity table by this backend (see _register).
+        self._registered: set[str] = set()
         self._owns_pool = False
         self._pool_started = False
         args = getattr(pool, "_connect_args", ())
@@ -462,7 +582,7 @@ class PostgresBackend(Backend):
         """
         own = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
         pool = asyncpg.create_pool(
-            dsn, min_size=0, max_size=max_connections, reset=_keep_as_is, **options
+            _usable_dsn(dsn), min_size=0, max_size=max_connections, reset=_keep_as_is, **options
         )
         backend = cls(pool, **own)
         backend._owns_pool = True
@@ -487,7 +607,7 @@ class PostgresBackend(Backend):
                 if self._owns_pool and not self._pool_started:
                     await self._pool  # connects nothing: min_size is 0
                     self._pool_started = True
-                async with self._pool.acquire() as conn:
+                async with self._borrowed() as conn:
                     version = conn.get_server_version()
                     await ensure_fence_sequence(conn, self._schema, self._sequence_name)
                     # Behind a transaction-pooling proxy (PgBouncer pool_mode=transaction)
@@ -526,6 +646,9 @@ class PostgresBackend(Backend):
         clock = self.clock
         began = clock.now()
         sql = self._sql or await self._statements()
+        owner = _owner(claim.value)
+        if owner not in self._registered and not _inline(owner, math.ceil(ttl * 1000)):
+            await self._register(owner, math.ceil(ttl * 1000))
         if claim.limit:
             permit = await self._take_permit(sql, claim, math.ceil(ttl * 1000), wait, began)
             if permit is None:
@@ -571,8 +694,7 @@ class PostgresBackend(Backend):
                 conn = await self._checkout(wait, prefer_kept=prefer_kept)
             if conn is None:
                 return None  # no connection within the caller's timeout
-            session = claim.handle = _Session(conn, key, claim.shared, ttl_ms)
-            self._sessions.add(session)
+            session = claim.handle = self._open_session(claim, conn, key, ttl_ms)
             configure = not conn.configured
             # Try first: the statement that waits in the server's queue costs more (its
             # lock and check timeouts), so it is sent only when the lock is held.
@@ -589,6 +711,14 @@ class PostgresBackend(Backend):
                     statement = sql.acquire[configure, _WAIT, claim.shared]
                     row = await conn.raw.fetchrow(statement, *args)
             except asyncpg.exceptions.LockNotAvailableError:
+                # lock_timeout ended the statement: in the queue (nothing taken), or in the
+                # fence's nextval() *after* the grant (a migration's ALTER SEQUENCE holds
+                # the sequence; a role or session lock_timeout bounds a try too). A session
+                # lock does not roll back with its failed statement: drop whatever the
+                # session holds before the connection is used again.
+                if not await self._unlock_all(session):
+                    claim.handle = None
+                    return None  # the session was ended instead: its locks went with it
                 row = None
             except _DRIVER_ERRORS as exc:
                 claim.handle = None
@@ -675,8 +805,7 @@ class PostgresBackend(Backend):
             conn = await self._checkout(wait, prefer_kept=prefer_kept)
             if conn is None:
                 return None  # no connection within the caller's timeout
-            session = claim.handle = _Session(conn, 0, False, ttl_ms, permit)
-            self._sessions.add(session)
+            session = claim.handle = self._open_session(claim, conn, 0, ttl_ms, permit)
             try:
                 row = await self._scan(
                     sql, session, claim, flag=_NO_FLAG, sent=began, deadline=None
@@ -726,7 +855,17 @@ class PostgresBackend(Backend):
         try:
             row = await conn.raw.fetchrow(sql.scan[configure, flag], *args)
         except asyncpg.exceptions.LockNotAvailableError:
-            return None  # the flag was not had in time; the statement took nothing
+            # The flag was not had in time (nothing taken), or the fence's nextval() ran
+            # out of lock_timeout after a slot was taken (a permit would leak: session
+            # locks do not roll back with the statement). Drop everything the session
+            # holds, the waiting flag included (the next scan takes it again).
+            session.flagged = False
+            if not await self._unlock_all(session):
+                raise BackendError(
+                    f"{self._where}: a permit scan failed and its session could not be "
+                    "cleaned; it was ended"
+                ) from None
+            return None
         except _DRIVER_ERRORS as exc:
             session.flagged = False
             await self._end_session(session)
@@ -774,6 +913,9 @@ class PostgresBackend(Backend):
             return False
         sql = self._sql or await self._statements()
         ttl_ms = math.ceil(ttl * 1000)
+        owner = _owner(claim.value)
+        if ttl_ms != session.ttl_ms and owner not in self._registered:
+            await self._register(owner, ttl_ms)  # a new TTL may leave no room for it
         async with session.lock:
             if session.ended():
                 return False
@@ -782,7 +924,8 @@ class PostgresBackend(Backend):
             if ttl_ms == session.ttl_ms:
                 statement, args = sql.heartbeat, []
             else:
-                name = f"{_APP_PREFIX}{session.fence}:{ttl_ms}:{_owner(claim.value)}"
+                shown = _shown(_owner(claim.value), ttl_ms)
+                name = f"{_APP_PREFIX}{session.fence}:{ttl_ms}:{shown}"
                 statement, args = sql.heartbeat_new_ttl, [name]
                 if sql.has_idle_timeout:
                     args.append(str(ttl_ms))
@@ -852,14 +995,48 @@ class PostgresBackend(Backend):
         sql = await self._statements()
         classid, objid = lock_ids(advisory_key(name, self._namespace))
         with self._errors:
-            async with self._pool.acquire() as conn:
+            async with self._borrowed() as conn:
                 rows = await conn.fetch(sql.inspect, classid, objid)
-        best: LockInfo | None = None
-        for row in rows:
-            info = _holder_info(name, row)
-            if best is None or info.fence > best.fence:
-                best = info
+                best: LockInfo | None = None
+                for row in rows:
+                    info = _holder_info(name, row)
+                    if best is None or info.fence > best.fence:
+                        best = info
+                if best is not None and best.fence and best.owner.startswith(_DIGEST_MARK):
+                    best = await self._identified(conn, best)
         return best
+
+    async def _identified(self, conn: Any, info: LockInfo) -> LockInfo:
+        """``info`` with the identity its digest stands for (see :func:`_inline`); as it
+        is if the table or the row is missing."""
+        try:
+            identity = await conn.fetchval(
+                f"SELECT identity FROM {self._identities} WHERE digest = $1",
+                info.owner[len(_DIGEST_MARK) :],
+            )
+        except asyncpg.exceptions.UndefinedTableError:
+            return info
+        if identity is None:
+            return info
+        return LockInfo(info.name, identity, info.expires_in, info.fence)
+
+    async def _register(self, identity: str, ttl_ms: int) -> None:
+        """Store ``identity`` in the identity table if application_name cannot show it
+        (once per identity and backend; the table is created on first need)."""
+        if identity in self._registered or _inline(identity, ttl_ms):
+            return
+        insert = (
+            f"INSERT INTO {self._identities} (digest, identity) VALUES ($1, $2) "
+            "ON CONFLICT (digest) DO NOTHING"
+        )
+        with self._errors:
+            async with self._borrowed() as conn:
+                try:
+                    await conn.execute(insert, _digest(identity), identity)
+                except asyncpg.exceptions.UndefinedTableError:
+                    await ensure_identity_table(conn, self._schema)
+                    await conn.execute(insert, _digest(identity), identity)
+        self._registered.add(identity)
 
     def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
         # Waiting happens in the server's lock queue (native_wait); a slot keeps the
@@ -884,7 +1061,7 @@ class PostgresBackend(Backend):
     async def publish(self, topic: str, message: str) -> None:
         await self._statements()
         with self._errors:
-            async with self._pool.acquire() as conn:
+            async with self._borrowed() as conn:
                 await conn.execute("SELECT pg_notify($1, $2)", self._topic_channel(topic), message)
 
     def listen(self, topic: str) -> AbstractAsyncContextManager[Mailbox]:
@@ -970,7 +1147,7 @@ class PostgresBackend(Backend):
         """The connection that LISTENs, taken out of the pool while anyone listens."""
         if self._listen_conn is None or self._listen_conn.is_closed():
             with self._errors:
-                conn = await self._pool.acquire()
+                conn = await self._pool_acquire()
             conn.add_termination_listener(self._on_listen_lost)
             self._listen_conn = conn
         return self._listen_conn
@@ -1055,6 +1232,48 @@ class PostgresBackend(Backend):
 
     # -- connections -----------------------------------------------------------------
 
+    async def _pool_acquire(self) -> Any:
+        """A connection from the pool for work that is not a lease's (setup, inspect,
+        publish, LISTEN), within ``pool_timeout``: every held lease (and every acquire
+        waiting in the server's queue) pins a connection, and an exhausted pool must not
+        hang these calls forever."""
+        try:
+            return await self._pool.acquire(timeout=self._pool_timeout)
+        except TimeoutError:
+            raise BackendError(
+                f"{self._where}: no free connection in the pool within "
+                f"{self._pool_timeout:g}s (pool size {self._pool.get_max_size()}; "
+                f"{len(self._sessions)} pinned by leases and waiting acquires of this "
+                "backend): raise max_connections, or hold fewer leases at once"
+            ) from None
+
+    @asynccontextmanager
+    async def _borrowed(self) -> AsyncIterator[Any]:
+        """A connection for one short statement: one kept idle between leases if there is
+        one (it is ours, and counts against the pool's size), else one from the pool
+        (:meth:`_pool_acquire`). A kept one goes back to the kept ones unless the
+        statement failed or was interrupted (then to the pool, reset, or terminated)."""
+        while self._idle:
+            kept = self._idle.pop()
+            if kept.raw.is_closed():
+                self._background.spawn(self._to_pool(kept), name="asynclock-pg-to-pool")
+                continue
+            try:
+                yield kept.raw
+            except BaseException:
+                self._background.spawn(self._to_pool(kept), name="asynclock-pg-to-pool")
+                raise
+            if self._closing:
+                await self._to_pool(kept)
+            else:
+                self._idle.append(kept)  # keeps its idle_since: the sweeper still applies
+            return
+        proxy = await self._pool_acquire()
+        try:
+            yield proxy
+        finally:
+            await asyncio.shield(self._pool.release(proxy))
+
     async def _checkout(self, wait: float | None, *, prefer_kept: bool) -> _Conn | None:
         """A kept connection, or one from the pool within ``wait`` (None: no bound)."""
         while prefer_kept and self._idle:
@@ -1077,6 +1296,7 @@ class PostgresBackend(Backend):
         """The session is over and its connection clean: keep it, or give it back."""
         session.done = True
         self._sessions.discard(session)
+        self._unwatch(session)
         pool = self._pool
         # Kept only while the pool has room: when it is exhausted, someone may be queued
         # in pool.acquire(), which never looks at connections kept here.
@@ -1124,10 +1344,71 @@ class PostgresBackend(Backend):
             # Shielded: a cancel here must not leave the connection checked out forever.
             await asyncio.shield(self._pool.release(conn.proxy))
 
+    def _open_session(
+        self,
+        claim: Claim,
+        conn: _Conn,
+        key: int,
+        ttl_ms: int,
+        permit: _Permit | None = None,
+    ) -> _Session:
+        """A session for ``claim`` on ``conn``, watched for the connection's end."""
+        session = _Session(conn, key, claim.shared, ttl_ms, permit)
+        self._sessions.add(session)
+
+        def closed(raw: object) -> None:
+            self._session_died(session, claim)
+
+        session.on_close = closed
+        with contextlib.suppress(Exception):
+            conn.raw.add_termination_listener(closed)
+        return session
+
+    def _unwatch(self, session: _Session) -> None:
+        on_close, session.on_close = session.on_close, None
+        if on_close is not None:
+            with contextlib.suppress(Exception):
+                session.conn.raw.remove_termination_listener(on_close)
+
+    def _session_died(self, session: _Session, claim: Claim) -> None:
+        """asyncpg saw the session's connection end (pg_terminate_backend, a server
+        restart, a network error) while a claim used it: its advisory locks ended with it
+        on the server, and another client may hold the name already. Tell the coordinator
+        now, rather than at the lease's next renewal (up to ttl/3 later)."""
+        if session.done:
+            return  # ended by us, or given back
+        session.done = True
+        self._sessions.discard(session)
+        self._unwatch(session)
+        self._background.spawn(self._end_session(session), name="asynclock-pg-session-died")
+        self._hold_ended(claim)
+
+    async def _unlock_all(self, session: _Session) -> bool:
+        """Drop every advisory lock of ``session`` after a statement on it failed without
+        ending it; True if done, False if the session had to be ended instead (its locks
+        went with it). A session belongs to one claim: it holds nothing of anyone else's.
+
+        Cancelled: the session stays on the claim, whose clean-up releases the claim's
+        lock (or, for a permit, every lock of the session)."""
+        sql = self._sql
+        assert sql is not None
+        try:
+            await session.conn.raw.fetchval(sql.unflag)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            await self._end_session(session)
+            return False
+        return True
+
     async def _end_session(self, session: _Session) -> None:
         """Terminate the connection (its locks end with the session) and free the slot."""
         session.done = True
         self._sessions.discard(session)
+        self._unwatch(session)
+        if session.gone:
+            return
+        session.gone = True
         await self._terminate(session.conn.proxy)
 
     async def _terminate(self, proxy: Any) -> None:
@@ -1144,6 +1425,7 @@ _BACKEND_OPTIONS = (
     "clock",
     "drift_factor",
     "drift_base",
+    "pool_timeout",
 )
 
 
@@ -1172,7 +1454,7 @@ def _session_args(sql: _Statements, session: _Session, value: str, configure: bo
     """The parameters that name a granted session: application_name tail, idle timeout,
     keepalives (first lease on the connection)."""
     ttl_ms = session.ttl_ms
-    args: list[object] = [f"{ttl_ms}:{_owner(value)}"]
+    args: list[object] = [f"{ttl_ms}:{_shown(_owner(value), ttl_ms)}"]
     if sql.has_idle_timeout:
         args.append(str(ttl_ms))
     if configure:
@@ -1184,6 +1466,41 @@ def _session_args(sql: _Statements, session: _Session, value: str, configure: bo
 def _owner(value: str) -> str:
     """The identity part of a claim's ``token:identity`` value."""
     return value.partition(":")[2]
+
+
+# application_name keeps at most 63 bytes (NAMEDATALEN - 1; longer is cut) of printable
+# ASCII (other characters are replaced or escaped): a holder's identity is shown there as
+# itself only when it survives that whatever the fence (a bigint: up to 19 digits) and
+# the TTL. Any other identity is shown as "#" and a digest of it, and the identity itself
+# is stored once in a table (IDENTITY_TABLE), where inspect() finds it. Storing it is
+# safer than bounding identities: the default host:pid:random identity of a host with a
+# long name (a Kubernetes pod's) must be reported as it is, and an identity cut or
+# escaped would name another holder, or one holder under two names (observe()).
+_APP_NAME_BYTES = 63
+_FENCE_DIGITS = 19
+_DIGEST_MARK = "#"
+_DIGEST_CHARS = 32
+
+
+def _inline(identity: str, ttl_ms: int) -> bool:
+    """Whether ``identity`` survives in application_name as itself (see above)."""
+    size = len(_APP_PREFIX) + _FENCE_DIGITS + len(str(ttl_ms)) + 2 + len(identity)
+    return (
+        size <= _APP_NAME_BYTES
+        and identity.isascii()
+        and identity.isprintable()
+        and not identity.startswith(_DIGEST_MARK)
+    )
+
+
+def _digest(identity: str) -> str:
+    """The key of ``identity`` in the identity table (128 bits of SHA-256, hex)."""
+    return hashlib.sha256(identity.encode()).hexdigest()[:_DIGEST_CHARS]
+
+
+def _shown(identity: str, ttl_ms: int) -> str:
+    """What application_name carries for ``identity``: itself, or its digest form."""
+    return identity if _inline(identity, ttl_ms) else _DIGEST_MARK + _digest(identity)
 
 
 def _holder_info(name: str, row: asyncpg.Record) -> LockInfo:

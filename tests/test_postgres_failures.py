@@ -1,0 +1,438 @@
+"""The PostgreSQL backend under partial failures, on a real server: statements that fail
+after taking a lock, stalled and killed sessions, server-side timeouts of a role, DSNs
+with awkward passwords, an exhausted pool, long identities."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import asyncpg
+import pytest
+
+import asynclock
+from asynclock import BackendError, LockTimeout
+from asynclock.backends import PostgresBackend
+from asynclock.postgres import lock_ids
+
+from .conftest import eventually
+
+RoleDsn = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+async def admin(asynclock_postgres_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    """A superuser connection of the test's own."""
+    conn = await asyncpg.connect(asynclock_postgres_dsn)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+def sequence(namespace: str) -> str:
+    """A fence sequence of the test's own (a test may lock it with ALTER SEQUENCE)."""
+    return f"fence_{namespace}"
+
+
+@pytest.fixture
+async def role_dsn(
+    asynclock_postgres_dsn: str, admin: asyncpg.Connection, namespace: str, sequence: str
+) -> AsyncIterator[RoleDsn]:
+    """``await role_dsn(statement_timeout="500ms")``: the DSN of a login role made for
+    the test, with those settings as its defaults (ALTER ROLE ... SET), allowed to use
+    the test's fence sequence. Dropped at the end."""
+    role = f"r_{namespace}"
+    made = False
+
+    async def make(**settings: str) -> str:
+        nonlocal made
+        await admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        made = True
+        await admin.execute(f'CREATE SEQUENCE IF NOT EXISTS "{sequence}" CACHE 1')
+        await admin.execute(f'GRANT USAGE, SELECT, UPDATE ON SEQUENCE "{sequence}" TO "{role}"')
+        for name, value in settings.items():
+            await admin.execute(f"ALTER ROLE \"{role}\" SET {name} = '{value}'")
+        return asynclock_postgres_dsn.replace("postgres@", f"{role}@", 1)
+
+    yield make
+    if made:
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role
+        )
+        await admin.execute(f'DROP SEQUENCE IF EXISTS "{sequence}"')
+        await admin.execute(f'DROP ROLE "{role}"')
+
+
+async def advisory_rows(conn: asyncpg.Connection, key: int | None = None) -> list[asyncpg.Record]:
+    """Advisory locks (bigint form) of this database, granted or waited for; of ``key``."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        "SELECT pid, classid, objid, granted FROM pg_locks "
+        "WHERE locktype = 'advisory' AND objsubid = 1 "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
+    if key is None:
+        return rows
+    classid, objid = lock_ids(key)
+    return [r for r in rows if (r["classid"], r["objid"]) == (classid, objid)]
+
+
+async def eventually_clean(admin: asyncpg.Connection, within: float = 5.0) -> bool:
+    """Whether no advisory lock is left in the database within ``within`` seconds."""
+    try:
+        async with asyncio.timeout(within):
+            # Polls the server's lock table, which has no event to wait on; tests only.
+            while await advisory_rows(admin):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def wait_for_rows(admin: asyncpg.Connection, count: int, key: int | None = None) -> None:
+    """Until ``count`` advisory locks (of ``key``) are granted or waited for."""
+    async with asyncio.timeout(10):
+        while len(await advisory_rows(admin, key)) < count:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+
+
+def backend_of(coord: asynclock.Coordinator) -> PostgresBackend:
+    backend = coord.backend
+    assert isinstance(backend, PostgresBackend)
+    return backend
+
+
+@contextlib.asynccontextmanager
+async def sequence_locked(admin: asyncpg.Connection, sequence: str) -> AsyncIterator[None]:
+    """A migration's ALTER SEQUENCE on the fence sequence, in an open transaction: every
+    nextval() waits (under lock_timeout, if any) until it ends."""
+    async with admin.transaction():
+        await admin.execute(f'ALTER SEQUENCE "{sequence}" CACHE 1')
+        yield
+
+
+class TestFailedStatementsOnLockConnections:
+    """A statement that took an advisory lock and then failed (the fence's nextval()
+    under lock_timeout) leaves the lock with the session: it must be dropped, or the
+    session ended, before the connection is used again or kept."""
+
+    async def test_a_waiter_granted_while_the_fence_sequence_is_locked(
+        self,
+        asynclock_postgres_dsn: str,
+        admin: asyncpg.Connection,
+        namespace: str,
+        sequence: str,
+    ) -> None:
+        """The waiter is granted in the queue, its nextval() runs out of the wait's
+        lock_timeout behind a migration's ALTER SEQUENCE: LockTimeout, and nothing held
+        (the lock stayed on an idle pooled connection forever)."""
+        async with (
+            asynclock.connect(
+                asynclock_postgres_dsn, namespace=namespace, fence_sequence=sequence
+            ) as coord,
+            asynclock.connect(
+                asynclock_postgres_dsn, namespace=namespace, fence_sequence=sequence
+            ) as other,
+        ):
+            key = backend_of(coord).key("migrating")
+            holder = await other.lock("migrating", ttl=30).acquire()
+            waiter = asyncio.create_task(coord.lock("migrating", ttl=30, timeout=2).acquire())
+            await wait_for_rows(admin, 2, key)
+            async with sequence_locked(admin, sequence):
+                await holder.release()
+                with pytest.raises(LockTimeout):
+                    await waiter
+            assert await advisory_rows(admin, key) == []
+            async with other.lock("migrating", ttl=30, timeout=0):
+                pass
+
+    @pytest.mark.parametrize("kind", ["lock", "shared", "semaphore"])
+    async def test_a_try_under_a_session_lock_timeout(
+        self,
+        asynclock_postgres_dsn: str,
+        admin: asyncpg.Connection,
+        namespace: str,
+        sequence: str,
+        kind: str,
+    ) -> None:
+        """A session (or role) lock_timeout bounds the try's nextval(): the try took the
+        lock (or a permit), the fence timed out; nothing may stay held."""
+        await admin.execute(f'CREATE SEQUENCE IF NOT EXISTS "{sequence}" CACHE 1')
+        try:
+            async with asynclock.connect(
+                asynclock_postgres_dsn,
+                namespace=namespace,
+                fence_sequence=sequence,
+                server_settings={"lock_timeout": "200"},
+            ) as coord:
+                if kind == "semaphore":
+                    lock = coord.semaphore("tried", 2, ttl=30, timeout=0)
+                else:
+                    lock = coord.lock("tried", ttl=30, timeout=0, shared=kind == "shared")
+                async with sequence_locked(admin, sequence):
+                    with pytest.raises(LockTimeout):
+                        await lock.acquire()
+                assert await advisory_rows(admin) == []
+                async with lock:  # the connection it used is clean and usable
+                    pass
+                assert await advisory_rows(admin) == []
+        finally:
+            await admin.execute(f'DROP SEQUENCE IF EXISTS "{sequence}"')
+
+    async def test_a_permit_waiter_whose_fence_times_out(
+        self,
+        asynclock_postgres_dsn: str,
+        admin: asyncpg.Connection,
+        namespace: str,
+        sequence: str,
+    ) -> None:
+        """A permit waiter's scans hold the waiting flag, and nextval() after a slot was
+        taken waits behind a migration: whatever the scans took is dropped when the wait
+        ends (a guard for the waiting flag's bookkeeping when a scan fails)."""
+        backoff = asynclock.Backoff(initial=0.05, maximum=0.3)
+        async with (
+            asynclock.connect(
+                asynclock_postgres_dsn, namespace=namespace, fence_sequence=sequence
+            ) as coord,
+            asynclock.connect(
+                asynclock_postgres_dsn, namespace=namespace, fence_sequence=sequence
+            ) as other,
+        ):
+            holder = await other.semaphore("few", 1, ttl=30).acquire()
+            waiter = asyncio.create_task(
+                coord.semaphore("few", 1, ttl=30, timeout=1.5, retry=backoff).acquire()
+            )
+            await wait_for_rows(admin, 2)  # the waiter holds the waiting flag
+            async with sequence_locked(admin, sequence):
+                await holder.release()
+                with pytest.raises(LockTimeout):
+                    await waiter
+            # A scan cut short by the deadline is given back in the background.
+            assert await eventually_clean(admin)
+            async with other.semaphore("few", 1, ttl=30, timeout=0):
+                pass
+
+
+class TestStalledAndKilledSessions:
+    async def test_one_stalled_session_does_not_lose_the_others(
+        self, asynclock_postgres_dsn: str, admin: asyncpg.Connection, namespace: str
+    ) -> None:
+        """Leases renewed in one batch: the server process of one is stopped (SIGSTOP),
+        its heartbeat hangs. The other's heartbeat answers and must count: it stays
+        held (the whole batch read as unknown, and both were lost)."""
+        ttl = 3.0
+        async with asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as coord:
+            a, b = await asyncio.gather(
+                coord.lock("a", ttl=ttl).acquire(), coord.lock("b", ttl=ttl).acquire()
+            )
+            pid = b._claim.handle.pid
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                assert await eventually(lambda: b.lost, within=4 * ttl)
+                assert a.held
+                renewals = coord._watchdog.renewals
+                assert await eventually(lambda: coord._watchdog.renewals > renewals, within=ttl)
+                assert a.held
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            await a.release()
+
+
+class TestRoleTimeouts:
+    @pytest.mark.parametrize("wait", [None, 5.0])
+    async def test_a_role_statement_timeout_does_not_end_a_wait(  # noqa: PLR0917
+        self,
+        asynclock_postgres_dsn: str,
+        role_dsn: RoleDsn,
+        admin: asyncpg.Connection,
+        namespace: str,
+        sequence: str,
+        wait: float | None,
+    ) -> None:
+        """ALTER ROLE ... SET statement_timeout: a wait in the queue longer than that is
+        not ended by it (it was, with BackendError); the wait's own timeout rules."""
+        dsn = await role_dsn(statement_timeout="300ms")
+        async with (
+            asynclock.connect(
+                asynclock_postgres_dsn, namespace=namespace, fence_sequence=sequence
+            ) as holder_coord,
+            asynclock.connect(dsn, namespace=namespace, fence_sequence=sequence) as coord,
+        ):
+            key = backend_of(coord).key("long-wait")
+            holder = await holder_coord.lock("long-wait", ttl=30).acquire()
+            waiter = asyncio.create_task(coord.lock("long-wait", ttl=30, timeout=wait).acquire())
+            await wait_for_rows(admin, 2, key)
+            # Longer than the role's statement_timeout (a lower bound: load only adds).
+            await asyncio.sleep(1.0)
+            assert not waiter.done()
+            await holder.release()
+            lease = await asyncio.wait_for(waiter, 10)
+            await lease.release()
+
+
+class TestDsns:
+    @pytest.mark.parametrize("password", ["s3cr#tPW", "s3/cr?tPW", "p@ss#w/rd"])
+    async def test_passwords_with_url_characters(
+        self,
+        asynclock_postgres_dsn: str,
+        admin: asyncpg.Connection,
+        namespace: str,
+        sequence: str,
+        password: str,
+    ) -> None:
+        """A password with unescaped ``#``, ``/``, ``?`` or ``@`` works (it raised a
+        ValueError that quoted part of the password), and no repr or error shows it."""
+        role = f"p_{namespace}"
+        await admin.execute(f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{password}'")
+        await admin.execute(f'CREATE SEQUENCE "{sequence}" CACHE 1')
+        await admin.execute(f'GRANT USAGE, SELECT, UPDATE ON SEQUENCE "{sequence}" TO "{role}"')
+        try:
+            host = asynclock_postgres_dsn.split("@", 1)[1]
+            dsn = f"postgresql://{role}:{password}@{host}"
+            async with asynclock.connect(
+                dsn, namespace=namespace, fence_sequence=sequence
+            ) as coord:
+                for text in (repr(coord), coord.backend.describe()):
+                    assert password not in text
+                    assert not any(part in text for part in password.split("#") if part)
+                async with coord.lock("pw", ttl=5):
+                    pass
+        finally:
+            await admin.execute(f'DROP SEQUENCE "{sequence}"')
+            await admin.execute(f'DROP ROLE "{role}"')
+
+    async def test_a_multi_host_dsn_is_accepted(self) -> None:
+        """asyncpg's multi-host form (``@h1:5432,h2:5433/db``) is accepted (it was
+        refused by a port parser) and described without credentials."""
+        coord = asynclock.connect("postgresql://app:pw@h1:5432,h2:5433/db")
+        assert coord.backend.describe().startswith("PostgresBackend h1:5432,h2:5433/db")
+        assert "pw" not in repr(coord)
+        await coord.aclose()
+
+    @pytest.mark.parametrize(
+        "dsn",
+        ["postgresql://app:s3cr3t@h:notaport/db", "postgresql://app:s3cr3t@h:1,h:2x/db"],
+    )
+    async def test_an_unreadable_dsn_is_refused_without_its_password(self, dsn: str) -> None:
+        with pytest.raises(ValueError, match="not a PostgreSQL DSN") as raised:
+            asynclock.connect(dsn)
+        assert "s3cr3t" not in str(raised.value)
+        assert raised.value.__cause__ is None
+
+    async def test_pool_of_the_application_with_an_odd_dsn(self) -> None:
+        """A pool of the application's: described from its DSN, never with a password."""
+        pool = asyncpg.create_pool("postgresql://app:pa@ss@h1:5432,h2/db", min_size=0)
+        backend = PostgresBackend(pool)
+        assert "pa@ss" not in backend.describe()
+        assert "ss@" not in backend.describe()
+
+
+class TestExhaustedPool:
+    async def test_inspect_and_publish_with_every_connection_pinned(
+        self, asynclock_postgres_dsn: str, namespace: str
+    ) -> None:
+        """max_connections=1 and one lease held: inspect(), is_locked() and publish()
+        end with BackendError within pool_timeout (they waited forever)."""
+        async with asynclock.connect(
+            asynclock_postgres_dsn, namespace=namespace, max_connections=1, pool_timeout=0.5
+        ) as coord:
+            async with coord.lock("only", ttl=30):
+                async with asyncio.timeout(10):
+                    with pytest.raises(BackendError, match="no free connection"):
+                        await coord.inspect("only")
+                    with pytest.raises(BackendError, match="no free connection"):
+                        await coord.is_locked("other")
+                    with pytest.raises(BackendError, match="no free connection"):
+                        await coord.backend.publish("topic", "message")
+            # A connection kept for the next lease serves them without a pool checkout.
+            async with asyncio.timeout(10):
+                assert await coord.inspect("only") is None
+                assert not await coord.is_locked("only")
+                await coord.backend.publish("topic", "message")
+            async with coord.lock("only", ttl=30, timeout=5):
+                pass
+
+
+LONG = "worker-" + "x" * 80 + ":12345:abcdef"
+NON_ASCII = "wörker-✓:1:ab"
+LONG_HOST = "payments-api-deployment-7d9f8b6c5-x2k4j.payments.svc.cluster.local"
+
+
+class TestIdentities:
+    """application_name keeps 63 bytes of printable ASCII: identities that do not fit
+    are stored where they survive, and reported whole."""
+
+    @pytest.mark.parametrize("identity", [LONG, NON_ASCII, "#not-a-digest", "short:1:ab"])
+    async def test_inspect_reports_the_identity_whole(
+        self, asynclock_postgres_dsn: str, namespace: str, identity: str
+    ) -> None:
+        async with (
+            asynclock.connect(asynclock_postgres_dsn, namespace=namespace, identity=identity) as a,
+            asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as b,
+            a.lock("who", ttl=20) as lease,
+        ):
+            info = await b.inspect("who")
+            assert info is not None
+            assert (info.owner, info.fence) == (identity, lease.fence)
+            assert 10 < info.expires_in <= 20
+            await lease.extend(2000)  # a longer TTL leaves less room for the identity
+            info = await b.inspect("who")
+            assert info is not None
+            assert info.owner == identity
+            assert info.expires_in > 1000
+
+    async def test_the_default_identity_on_a_long_host_name(
+        self, asynclock_postgres_dsn: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """host:pid:random on a host with a long name (a Kubernetes pod's)."""
+        monkeypatch.setattr("asynclock._election.socket.gethostname", lambda: LONG_HOST)
+        async with (
+            asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as a,
+            asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as b,
+        ):
+            assert a.identity.startswith(LONG_HOST + ":")
+            async with a.semaphore("pod", 2, ttl=20):
+                pass
+            async with a.lock("pod", ttl=20):
+                info = await b.inspect("pod")
+                assert info is not None
+                assert info.owner == a.identity
+
+    async def test_leader_and_observe_name_a_long_identity_once(
+        self, asynclock_postgres_dsn: str, namespace: str
+    ) -> None:
+        """leader() returns the identity as given; observe() reports the leader once
+        (it reported it again under its cut name when it looked again)."""
+        ttl = 1.0
+        async with (
+            asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as a,
+            asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as b,
+        ):
+            candidate = a.election("chief", ttl=ttl, identity=NON_ASCII + LONG)
+            watcher = b.election("chief", ttl=ttl)
+            seen: list[str | None] = []
+            first = asyncio.Event()
+
+            async def observe() -> None:
+                async for leader in watcher.observe():
+                    seen.append(leader)
+                    first.set()
+
+            task = asyncio.create_task(observe())
+            try:
+                await asyncio.wait_for(first.wait(), 10)
+                async with candidate.leadership():
+                    assert await watcher.leader() == NON_ASCII + LONG
+                    assert await eventually(lambda: len(seen) >= 2, within=5)
+                    # Observers look again when the term could have ended (every ttl):
+                    # those looks must find the same name.
+                    await asyncio.sleep(3 * ttl)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            assert seen[:2] == [None, NON_ASCII + LONG]
+            assert set(seen) <= {None, NON_ASCII + LONG}
+            assert seen.count(NON_ASCII + LONG) == 1
