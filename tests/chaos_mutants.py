@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asynclock import _lock
+from asynclock import _coordinator, _lock
 from asynclock.backends import _scripts
 from asynclock.backends.base import Attempt, Backend
 from asynclock.backends.redis import RedisBackend
@@ -96,6 +96,20 @@ def late_grants() -> None:
     _lock.Lock._left = lambda self, start: 1.0  # type: ignore[method-assign]
 
 
+def aclose_keeps_leases() -> None:
+    """``aclose()`` ends its leases and abandons its in-flight grants locally but gives
+    nothing back on the server: the locks stay there, held by nobody, until their TTL
+    (what racing closes and grants did before; only a look at the server after the
+    close shows it)."""
+    original = _coordinator.Coordinator._discard
+
+    def _discard(self: _coordinator.Coordinator, *args: Any, **kwargs: Any) -> None:
+        if not self.closed:
+            original(self, *args, **kwargs)
+
+    _coordinator.Coordinator._discard = _discard  # type: ignore[method-assign]
+
+
 MUTANTS: dict[str, str] = {
     name: f"tests.chaos_mutants:{name}"
     for name in (
@@ -107,6 +121,7 @@ MUTANTS: dict[str, str] = {
         "long_validity",
         "late_grants",
         "trusts_a_lost_renewal",
+        "aclose_keeps_leases",
     )
 }
 """Every mutant, by name: what ``Scenario.patch`` takes."""

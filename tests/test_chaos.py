@@ -17,6 +17,7 @@ import os
 import pytest
 
 from asynclock.testing import ValkeyFactory
+from asynclock.testing.history import Entry, check
 from asynclock.testing.chaos import (
     BACKENDS,
     ChaosReport,
@@ -104,3 +105,19 @@ async def test_the_runner_catches_a_broken_lock(
     for problem in report.problems:
         print(f"  PROBLEM: {problem}")
     assert report.problems, f"{mutant}: the runner said OK\n{report.table()}"
+
+
+def test_a_section_that_stopped_believes_no_longer() -> None:
+    """A body cancelled (a give-up, or its coordinator closed) writes no ``end``: the
+    runner tells the checker when its holder stopped, and a holder granted after that
+    is not a second believer; one that wrote before it still is."""
+    a = [
+        Entry(1, "a1", 10, "A", "x", "start", True, time=100.0, valid_until=101.0),
+        Entry(2, "a2", 10, "A", "x", "op", True, time=100.1, valid_until=101.0),
+    ]
+    b = [Entry(3, "b1", 11, "B", "y", "start", True, time=100.5, valid_until=101.5)]
+    assert [v.kind for v in check(a + b).violations] == ["overlap-in-time"]
+    assert check(a + b, ended=[(10, "A", 100.2)]).ok
+    assert [v.kind for v in check(a + b, ended=[(10, "A", 100.6)]).violations] == [
+        "overlap-in-time"
+    ]
