@@ -125,3 +125,20 @@ MUTANTS: dict[str, str] = {
     )
 }
 """Every mutant, by name: what ``Scenario.patch`` takes."""
+
+SECONDS: dict[str, float] = {
+    # Caught in the first seconds, by the first fault (a freeze at 2 s) or on any grant.
+    "always_grants": 9.0,
+    "same_fence": 9.0,
+    "decreasing_fences": 9.0,
+    "release_anyones": 9.0,
+    "long_validity": 9.0,
+    "late_grants": 9.0,
+    "never_loses": 9.0,
+    # Each worker closes its coordinator every 3-8 s: a few closes outside fault windows.
+    "aclose_keeps_leases": 14.0,
+    # Only the isolate fault (17.5 s) shows it.
+    "trusts_a_lost_renewal": 20.0,
+}
+"""How long each mutant's run lasts (the short schedule, cut to the faults that end in
+time): long enough for what catches it, no longer (the suite's time is counted)."""

@@ -398,7 +398,6 @@ class ChaosReport:
     sections: int
     completed: int
     acquired: int
-    interrupted: int
     leases_lost: int
     cancelled: int
     timeouts: int
@@ -426,6 +425,8 @@ class ChaosReport:
     budgeted: int = 0
     """Stale writes plus fenced-off sections outside the windows of faults that lose
     locks by design: held to ``stale_budget``."""
+    interrupted: int = 0
+    """Acquired sections a give-up cancel or a close of their coordinator ended."""
     giveups: int = 0
     """Acquires given up on purpose: short timeouts that ran out, and cancels."""
     closes: int = 0
@@ -437,6 +438,7 @@ class ChaosReport:
     stranded_excused: int = 0
     """Leftovers of closes inside a fault's window (the server was unreachable): the TTL
     ends them, as documented."""
+    excused_details: list[str] = field(default_factory=list)
     probe_errors: list[str] = field(default_factory=list)
     """Looks at the server after a close that failed (outside fault windows)."""
 
@@ -524,6 +526,7 @@ class ChaosReport:
         rows.extend(f"  ! {detail}" for detail in self.details[:10])
         rows.extend(f"  ! stranded: {detail}" for detail in self.stranded_details[:10])
         rows.extend(f"  ! probe: {detail}" for detail in self.probe_errors[:5])
+        rows.extend(f"  (excused: {detail})" for detail in self.excused_details[:5])
         return "\n".join(rows)
 
     def as_dict(self) -> dict[str, Any]:
@@ -684,23 +687,32 @@ def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-async def _pg_leftovers(dsn: str, namespace: str, identity: str | None) -> dict[str, str]:
-    """Advisory locks (held or waited for) of sessions other than this one: the run's
-    private server has no others; with ``identity``, only sessions named for it."""
+async def _pg_advisory(dsn: str) -> list[Any]:
+    """Every advisory lock (held or waited for) of the other sessions, with the
+    session's application_name and state."""
     import asyncpg  # noqa: PLC0415
-
-    from asynclock.postgres import advisory_key, lock_ids  # noqa: PLC0415
 
     conn = await asyncpg.connect(dsn, timeout=5)
     try:
-        rows = await conn.fetch(
-            "SELECT l.pid, l.classid, l.objid, l.granted, l.mode, "
-            "coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state "
-            "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND l.pid <> pg_backend_pid()"
+        return list(
+            await conn.fetch(
+                "SELECT l.pid, l.classid, l.objid, l.granted, l.mode, "
+                "coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state "
+                "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE l.locktype = 'advisory' AND l.pid <> pg_backend_pid()"
+            )
         )
     finally:
         await conn.close()
+
+
+async def _pg_leftovers(dsn: str, namespace: str, identity: str | None) -> dict[str, str]:
+    """Advisory locks (held or waited for) of sessions other than this one: the run's
+    private server has no others; with ``identity``, only sessions named for it."""
+
+    from asynclock.postgres import advisory_key, lock_ids  # noqa: PLC0415
+
+    rows = await _pg_advisory(dsn)
     # Names are res0, res1, ...: map the ones the run may use back from their keys.
     by_ids = {lock_ids(advisory_key(f"res{i}", namespace)): f"res{i}" for i in range(64)}
     found: dict[str, str] = {}
@@ -1532,18 +1544,25 @@ async def run_scenario(
                     proc.stdin.write(_GO)
                     await proc.stdin.drain()
                 fault_task = asyncio.create_task(faults.run(t0))
+                orphans = _Orphans()
+                watch = asyncio.create_task(
+                    orphans.watch(setup.admin_dsn, namespace)
+                    if sc.backend == "postgres" and setup.admin_dsn is not None
+                    else asyncio.sleep(0)
+                )
                 try:
                     summaries = await asyncio.gather(*(_collect(p) for p in procs))
                     # Every worker exited: nobody is left to give anything back.
                     after_run = await _leftovers_after_run(sc, setup, namespace)
                     await fault_task
                 finally:
+                    watch.cancel()
                     fault_task.cancel()
                     with contextlib.suppress(BaseException):
                         await fault_task
                     for task in faults.background:
                         task.cancel()
-                    await asyncio.gather(*faults.background, return_exceptions=True)
+                    await asyncio.gather(watch, *faults.background, return_exceptions=True)
         lossy = [
             (t0_wall + start - t0, t0_wall + end - t0 + sc.ttl + 1)
             for fault, start, end, _ in faults.applied
@@ -1553,6 +1572,7 @@ async def run_scenario(
             history_url, namespace, setup.names, summaries, t0_wall=t0_wall, lossy=lossy
         )
     stranded = _stranded(sc, summaries, faults.applied, after_run, t0)
+    stranded.found += orphans.found(t0)
     applied = sorted(faults.applied, key=lambda item: item[1])
     outcomes = []
     for index, (fault, start, end, err) in enumerate(applied):
@@ -1609,14 +1629,64 @@ async def run_scenario(
         stranded=len(stranded.found),
         stranded_details=stranded.found,
         stranded_excused=stranded.excused,
+        excused_details=stranded.excused_details[:20],
         probe_errors=stranded.errors,
     )
+
+
+# An advisory lock held this long by an idle session that no lease names (its
+# application_name is not a lease's) is held by nobody: stranded while the run goes on.
+_ORPHAN_AFTER = 2.0
+
+
+class _Orphans:
+    """PostgreSQL, during the run: advisory locks held by idle pooled sessions that no
+    lease names (a lease's session carries its holder in ``application_name``). Such a
+    lock keeps the name from everyone until the pool closes the connection."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int, int, int], list[Any]] = {}  # -> [first, last, text]
+
+    async def watch(self, dsn: str, namespace: str) -> None:
+        from asynclock.postgres import advisory_key, lock_ids  # noqa: PLC0415
+
+        names = {lock_ids(advisory_key(f"res{i}", namespace)): f"res{i}" for i in range(64)}
+        while True:
+            await asyncio.sleep(0.5)
+            try:
+                async with asyncio.timeout(2):  # a frozen server answers nothing
+                    rows = await _pg_advisory(dsn)
+            except Exception:  # noqa: S112 - a fault; look again later
+                continue
+            now = time.monotonic()
+            for row in rows:
+                if (
+                    not row["granted"]
+                    or row["state"] != "idle"
+                    or row["app"].startswith("asynclock:")
+                ):
+                    continue
+                key = (row["pid"], row["classid"], row["objid"])
+                name = names.get((row["classid"], row["objid"]), f"key {key[1]}/{key[2]}")
+                text = (
+                    f"{name}: advisory lock held by idle pid {row['pid']} that no lease "
+                    f"names (application_name {row['app']!r})"
+                )
+                self.seen.setdefault(key, [now, now, text])[1] = now
+
+    def found(self, t0: float) -> list[str]:
+        return [
+            f"during the run at t={first - t0:.1f}s: {text} for {last - first:.1f}s or more"
+            for first, last, text in self.seen.values()
+            if last - first >= _ORPHAN_AFTER
+        ]
 
 
 @dataclass
 class _Stranded:
     found: list[str] = field(default_factory=list)
     excused: int = 0
+    excused_details: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
@@ -1656,10 +1726,13 @@ def _stranded(
         ]
         for began, closed, identity, final, left, errors in summary.close_checks:
             excused = any(start <= closed and began <= end for start, end in windows)
+            what = "final close" if final else "close"
             if excused:
                 out.excused += len(left)
+                out.excused_details += [
+                    f"w{summary.worker} {what} at t={began - t0:.1f}s: {item}" for item in left
+                ]
                 continue
-            what = "final close" if final else "close"
             out.found += [
                 f"w{summary.worker} {what} of {identity} at t={began - t0:.1f}s: {item}"
                 for item in left
