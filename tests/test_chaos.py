@@ -58,7 +58,7 @@ async def _run(
     elif backend in ("sentinel", "cluster"):
         topology = request.getfixturevalue(f"asynclock_{backend}")
     sc = dataclasses.replace(scenario(backend, duration), patch=patch)
-    if cut is not None:
+    if cut is not None and cut < duration:
         # A shorter run: only the faults whose windows (length + TTL + 1 s) end in time.
         faults = tuple(f for f in sc.faults if f.at + f.duration + sc.ttl + 1 <= cut - 0.5)
         sc = dataclasses.replace(sc, duration=cut, faults=faults)

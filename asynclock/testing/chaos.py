@@ -99,8 +99,10 @@ _GIVEUP_TIMEOUT = 0.08
 _GIVEUP_CANCEL = 0.08
 _GIVEUP_PHASES = ("attempt", "wait", "body")
 # Each worker closes its coordinator this often (seconds, uniform) while its tasks wait
-# and hold, and goes on with a new one; not in the last few seconds of the run.
-_CLOSE_EVERY = (3.0, 8.0)
+# and hold, and goes on with a new one: at moments the parent plans outside the windows
+# of faults that must show an effect (a close would end the leases the fault must make
+# lost), and not in the last seconds of the run.
+_CLOSE_EVERY = (2.0, 6.0)
 # How long after a coordinator closed its sessions may still show on the server
 # (PostgreSQL ends a closed connection's backend asynchronously). On Redis nothing can
 # give back anything once aclose() returned: a lock key or a live queue place of the
@@ -582,6 +584,8 @@ class _WorkerConfig:
     timeout: float
     hold: float
     backend: str = "redis"
+    closes: list[float] = field(default_factory=list)
+    """Seconds after the start at which to close the coordinator (see _close_plan)."""
     admin: str | list[str] | None = None
     """A way to the server that no proxy fault cuts (for looking after a close)."""
 
@@ -822,13 +826,12 @@ class _Worker:
         return self.summary
 
     async def _closer(self, probe: _Probe | None) -> None:
-        """Close the coordinator at random moments while the tasks wait and hold; they go
-        on with a new one (made first: a task between attempts never sees none)."""
-        while True:
-            await asyncio.sleep(self.rng.uniform(*_CLOSE_EVERY))
+        """Close the coordinator at the planned moments while the tasks wait and hold;
+        they go on with a new one (made first: a task between attempts never sees none)."""
+        began = self.stop_at - self.config.duration
+        for at in self.config.closes:
+            await asyncio.sleep(max(0.0, began + at - time.monotonic()))
             now = time.monotonic()
-            if now > self.stop_at - _CLOSE_EVERY[0] / 2:
-                return
             if self.stall_requests or now - self.stalled < 2 * self.config.ttl + 1:
                 continue  # the stall's loss is what its fault must show: not a close
             old = self.coord
@@ -1033,6 +1036,7 @@ def _worker_main(args: argparse.Namespace) -> int:
         hold=args.hold,
         backend=args.backend,
         admin=json.loads(args.admin) if args.admin else None,
+        closes=json.loads(args.closes),
     )
     if args.patch:
         # A deliberately broken lock, for mutation testing of this runner.
@@ -1159,6 +1163,7 @@ async def _spawn_worker(
         *("--timeout", str(sc.timeout), "--hold", str(sc.hold)),
         *(("--patch", sc.patch) if sc.patch else ()),
         *("--backend", sc.backend),
+        *("--closes", json.dumps(_close_plan(sc, index))),
         *(("--admin", json.dumps(setup.admin_target)) if setup.admin_target else ()),
     ]
     return await asyncio.create_subprocess_exec(
@@ -1169,6 +1174,36 @@ async def _spawn_worker(
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,  # a terminal's Ctrl-C reaches the parent, which stops us
     )
+
+
+def _close_plan(sc: Scenario, worker: int) -> list[float]:
+    """When worker ``worker`` closes its coordinator (seconds after the start): every
+    2-6 s, outside the windows of faults that must show an effect (from half a second
+    before to TTL + 0.5 s after, 4 s more where clients find a new master, the stall's
+    own wait) and before the last 1.5 s."""
+    rng = random.Random()  # noqa: S311 - jitter, not secrets
+    busy = []
+    for fault in sc.faults:
+        if fault.expect is None:
+            continue
+        if fault.kind in ("stall", "isolate") and worker % sc.workers not in fault.targets:
+            continue
+        end = fault.at + fault.duration + sc.ttl + 0.5
+        if fault.kind in ("kill", "kill_master", "failover"):
+            end += 4.0
+        if fault.kind == "stall":
+            end += 1.0 + sc.ttl * 1.5
+        busy.append((fault.at - 0.5, end))
+    plan: list[float] = []
+    at = rng.uniform(0.5, 2.0)
+    while at < sc.duration - 1.5:
+        clash = max((end for start, end in busy if start <= at <= end), default=None)
+        if clash is None:
+            plan.append(round(at, 3))
+            at += rng.uniform(*_CLOSE_EVERY)
+        else:
+            at = clash + rng.uniform(0.1, 1.0)
+    return plan
 
 
 async def _terminate_holders(dsn: str) -> int:
@@ -1837,6 +1872,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--patch", default="", help="module:function to call first")
     worker.add_argument("--backend", default="redis", choices=BACKENDS)
     worker.add_argument("--admin", default="", help="JSON: a direct way to the server")
+    worker.add_argument("--closes", default="[]", help="JSON: when to close (seconds)")
     run = sub.add_parser("run", help="run scenarios and print their reports")
     run.add_argument("backends", nargs="*", default=list(BACKENDS), choices=BACKENDS)
     run.add_argument("--duration", type=float, default=60.0)
