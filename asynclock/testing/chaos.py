@@ -647,7 +647,8 @@ class _Probe:
                 if self.backend == "postgres":
                     seen = found
                 else:
-                    seen.update(found)
+                    for key, what in found.items():
+                        seen.setdefault(key, what)  # as first seen
             if found == {} or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.1)
