@@ -1,8 +1,10 @@
 """Chaos runs with a history checker: 4 worker processes x 16 tasks contend for 4 locks
 while servers are frozen, killed and failed over, proxies black-hole and delay traffic and
-workers block their own event loops past the TTL; every accepted fenced write must be
-from one holder at a time, nothing acknowledged may be lost, and every fault must have
-visibly hit the holders.
+workers block their own event loops past the TTL, and tasks give up (short timeouts,
+cancels at random moments) and workers close their coordinators; every accepted fenced
+write must be from one holder at a time, nothing acknowledged may be lost, nothing a
+closed coordinator held may be left on the server, and every fault must have visibly hit
+the holders.
 
 A shortened run (about 20 s) of each scenario is part of the default run. The full 60 s
 runs are marked ``chaos`` and run only when selected: ``pytest -m chaos`` (or with
@@ -83,6 +85,7 @@ def _check(report: ChaosReport) -> None:
     assert report.operations > 0, report.table()
     assert report.writes_after_loss == 0, report.table()
     assert report.late_entries == 0, report.table()
+    assert report.stranded == 0, report.table()
     assert report.leases_lost + report.stale_rejected > 0, report.table()
     assert report.problems == [], report.table()
 

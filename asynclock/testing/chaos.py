@@ -9,7 +9,14 @@ history resource (never faulted), fault-injecting proxies where the schedule nee
 and ``W`` worker processes (``python -m asynclock.testing.chaos worker ...``) with ``T``
 tasks each. Every task loops: acquire one of a few names, append ``start``, ``op`` and
 ``end`` entries to that name's fenced resource with ``lease.fence``, release; it counts
-leases lost, bodies cancelled, timeouts and backend errors. The parent applies the
+leases lost, bodies cancelled, timeouts and backend errors. Tasks also give up: some
+acquires have a short timeout, some are cancelled at a random moment (the first attempt,
+the wait, the body), and each worker closes its coordinator at moments the parent plans
+outside the fault windows, while its tasks wait and hold, and goes on with a new one.
+After each close, and once every worker exited, the server is looked at: a lock or a
+live waiter-queue place a closed coordinator left there is *stranded* (as is, on
+PostgreSQL, an advisory lock an idle pooled session holds with no lease naming it,
+watched during the run). The parent applies the
 faults (server ``SIGSTOP``/``SIGCONT``, kill and restart, master failover, proxy
 black-hole and latency, ``pg_terminate_backend``, a worker blocking its own event loop
 past the TTL), then runs the checker over the whole history and returns a
