@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asynclock import _lock
+from asynclock import _coordinator, _lock
 from asynclock.backends import _scripts
 from asynclock.backends.base import Attempt, Backend
 from asynclock.backends.redis import RedisBackend
@@ -96,6 +96,20 @@ def late_grants() -> None:
     _lock.Lock._left = lambda self, start: 1.0  # type: ignore[method-assign]
 
 
+def aclose_keeps_leases() -> None:
+    """``aclose()`` ends its leases and abandons its in-flight grants locally but gives
+    nothing back on the server: the locks stay there, held by nobody, until their TTL
+    (what racing closes and grants did before; only a look at the server after the
+    close shows it)."""
+    original = _coordinator.Coordinator._discard
+
+    def _discard(self: _coordinator.Coordinator, *args: Any, **kwargs: Any) -> None:
+        if not self.closed:
+            original(self, *args, **kwargs)
+
+    _coordinator.Coordinator._discard = _discard  # type: ignore[method-assign]
+
+
 MUTANTS: dict[str, str] = {
     name: f"tests.chaos_mutants:{name}"
     for name in (
@@ -107,6 +121,25 @@ MUTANTS: dict[str, str] = {
         "long_validity",
         "late_grants",
         "trusts_a_lost_renewal",
+        "aclose_keeps_leases",
     )
 }
 """Every mutant, by name: what ``Scenario.patch`` takes."""
+
+SECONDS: dict[str, float] = {
+    # Caught in the first seconds, by the first fault (a freeze at 2 s) or on any grant.
+    "always_grants": 9.0,
+    "same_fence": 9.0,
+    "decreasing_fences": 9.0,
+    "release_anyones": 9.0,
+    "late_grants": 9.0,
+    "never_loses": 9.0,
+    # Each worker closes its coordinator every 2-6 s, outside the fault windows.
+    "aclose_keeps_leases": 14.0,
+    # Needs a stalled holder (the stall at 5.5 s): a frozen server alone is not enough.
+    "long_validity": 13.0,
+    # Only the isolate fault (17.5 s) shows it.
+    "trusts_a_lost_renewal": 20.0,
+}
+"""How long each mutant's run lasts (the short schedule, cut to the faults that end in
+time): long enough for what catches it, no longer (the suite's time is counted)."""

@@ -1,8 +1,10 @@
 """Chaos runs with a history checker: 4 worker processes x 16 tasks contend for 4 locks
 while servers are frozen, killed and failed over, proxies black-hole and delay traffic and
-workers block their own event loops past the TTL; every accepted fenced write must be
-from one holder at a time, nothing acknowledged may be lost, and every fault must have
-visibly hit the holders.
+workers block their own event loops past the TTL, and tasks give up (short timeouts,
+cancels at random moments) and workers close their coordinators; every accepted fenced
+write must be from one holder at a time, nothing acknowledged may be lost, nothing a
+closed coordinator held may be left on the server, and every fault must have visibly hit
+the holders.
 
 A shortened run (about 20 s) of each scenario is part of the default run. The full 60 s
 runs are marked ``chaos`` and run only when selected: ``pytest -m chaos`` (or with
@@ -25,8 +27,9 @@ from asynclock.testing.chaos import (
     scenario,
     unsupported,
 )
+from asynclock.testing.history import Entry, check
 
-from .chaos_mutants import MUTANTS
+from .chaos_mutants import MUTANTS, SECONDS
 
 SHORT = 20.0
 FULL = 60.0
@@ -39,7 +42,12 @@ def _full_selected(config: pytest.Config) -> bool:
 
 
 async def _run(
-    request: pytest.FixtureRequest, backend: str, duration: float, patch: str | None = None
+    request: pytest.FixtureRequest,
+    backend: str,
+    duration: float,
+    patch: str | None = None,
+    *,
+    cut: float | None = None,
 ) -> ChaosReport:
     reason = await unsupported(backend)
     if reason is not None:
@@ -51,9 +59,14 @@ async def _run(
         postgres = request.getfixturevalue("asynclock_postgres_factory")
     elif backend in ("sentinel", "cluster"):
         topology = request.getfixturevalue(f"asynclock_{backend}")
+    sc = dataclasses.replace(scenario(backend, duration), patch=patch)
+    if cut is not None and cut < duration:
+        # A shorter run: only the faults whose windows (length + TTL + 1 s) end in time.
+        faults = tuple(f for f in sc.faults if f.at + f.duration + sc.ttl + 1 <= cut - 0.5)
+        sc = dataclasses.replace(sc, duration=cut, faults=faults)
     try:
         report = await run_scenario(
-            dataclasses.replace(scenario(backend, duration), patch=patch),
+            sc,
             valkey_factory=valkeys,
             postgres_factory=postgres,
             topology=topology,
@@ -72,6 +85,7 @@ def _check(report: ChaosReport) -> None:
     assert report.operations > 0, report.table()
     assert report.writes_after_loss == 0, report.table()
     assert report.late_entries == 0, report.table()
+    assert report.stranded == 0, report.table()
     assert report.leases_lost + report.stale_rejected > 0, report.table()
     assert report.problems == [], report.table()
 
@@ -98,9 +112,26 @@ async def test_full_chaos_run(request: pytest.FixtureRequest, backend: str) -> N
 async def test_the_runner_catches_a_broken_lock(
     request: pytest.FixtureRequest, mutant: str
 ) -> None:
-    """The same 20 s Redis run on a deliberately broken lock (tests/chaos_mutants.py)
-    must report problems: otherwise its "no problems" on the real lock means nothing."""
-    report = await _run(request, "redis", SHORT, MUTANTS[mutant])
+    """The short Redis run on a deliberately broken lock (tests/chaos_mutants.py), cut
+    to the seconds that mutant needs, must report problems: otherwise its "no problems"
+    on the real lock means nothing."""
+    report = await _run(request, "redis", SHORT, MUTANTS[mutant], cut=SECONDS[mutant])
     for problem in report.problems:
         print(f"  PROBLEM: {problem}")
     assert report.problems, f"{mutant}: the runner said OK\n{report.table()}"
+
+
+def test_a_section_that_stopped_believes_no_longer() -> None:
+    """A body cancelled (a give-up, or its coordinator closed) writes no ``end``: the
+    runner tells the checker when its holder stopped, and a holder granted after that
+    is not a second believer; one that wrote before it still is."""
+    a = [
+        Entry(1, "a1", 10, "A", "x", "start", True, time=100.0, valid_until=101.0),
+        Entry(2, "a2", 10, "A", "x", "op", True, time=100.1, valid_until=101.0),
+    ]
+    b = [Entry(3, "b1", 11, "B", "y", "start", True, time=100.5, valid_until=101.5)]
+    assert [v.kind for v in check(a + b).violations] == ["overlap-in-time"]
+    assert check(a + b, ended=[(10, "A", 100.2)]).ok
+    assert [v.kind for v in check(a + b, ended=[(10, "A", 100.6)]).violations] == [
+        "overlap-in-time"
+    ]

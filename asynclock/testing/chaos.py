@@ -9,7 +9,14 @@ history resource (never faulted), fault-injecting proxies where the schedule nee
 and ``W`` worker processes (``python -m asynclock.testing.chaos worker ...``) with ``T``
 tasks each. Every task loops: acquire one of a few names, append ``start``, ``op`` and
 ``end`` entries to that name's fenced resource with ``lease.fence``, release; it counts
-leases lost, bodies cancelled, timeouts and backend errors. The parent applies the
+leases lost, bodies cancelled, timeouts and backend errors. Tasks also give up: some
+acquires have a short timeout, some are cancelled at a random moment (the first attempt,
+the wait, the body), and each worker closes its coordinator at moments the parent plans
+outside the fault windows, while its tasks wait and hold, and goes on with a new one.
+After each close, and once every worker exited, the server is looked at: a lock or a
+live waiter-queue place a closed coordinator left there is *stranded* (as is, on
+PostgreSQL, an advisory lock an idle pooled session holds with no lease naming it,
+watched during the run). The parent applies the
 faults (server ``SIGSTOP``/``SIGCONT``, kill and restart, master failover, proxy
 black-hole and latency, ``pg_terminate_backend``, a worker blocking its own event loop
 past the TTL), then runs the checker over the whole history and returns a
@@ -29,6 +36,7 @@ import contextlib
 import dataclasses
 import importlib
 import json
+import math
 import os
 import random
 import signal
@@ -91,6 +99,22 @@ _LOSES_LOCKS = frozenset({"kill", "kill_master", "failover", "terminate"})
 # at once on the server, while the holder believes until it notices (the same gap as a
 # terminated session; listening for the connection's end would close it).
 _LOSES_LOCKS_ON = {"postgres": _LOSES_LOCKS | {"isolate"}}
+# Give-ups: the share of attempts made with a short timeout (1-50 ms), and the share
+# cancelled at a random moment: during the first attempt, during the wait (which may land
+# on the grant itself), or inside the body once granted (in a write, a pause, the release).
+_GIVEUP_TIMEOUT = 0.08
+_GIVEUP_CANCEL = 0.08
+_GIVEUP_PHASES = ("attempt", "wait", "body")
+# Each worker closes its coordinator this often (seconds, uniform) while its tasks wait
+# and hold, and goes on with a new one: at moments the parent plans outside the windows
+# of faults that must show an effect (a close would end the leases the fault must make
+# lost), and not in the last seconds of the run.
+_CLOSE_EVERY = (2.0, 6.0)
+# How long after a coordinator closed its sessions may still show on the server
+# (PostgreSQL ends a closed connection's backend asynchronously). On Redis nothing can
+# give back anything once aclose() returned: a lock key or a live queue place of the
+# closed coordinator seen then is stranded, even if its TTL ends it later.
+_GIVE_BACK = 2.0
 # Stale writes and fenced-off sections a run may have without it being a problem: a few
 # per fault (a stalled or frozen holder is fenced off by design), plus one per 1,000
 # sections.
@@ -312,6 +336,25 @@ class WorkerSummary:
     """Per lock name, the acks the resource gave (:func:`history.dump_acks` JSON)."""
     events: list[tuple[float, str]] = field(default_factory=list)
     """(monotonic time, what) of losses, timeouts, errors, rejections and stalls."""
+    giveup_timeouts: int = 0
+    """Acquires with a short timeout (a give-up) that timed out."""
+    giveup_cancels: dict[str, int] = field(default_factory=dict)
+    """Attempts cancelled on purpose, by where the cancel was aimed (attempt, wait, body)."""
+    interrupted: int = 0
+    """Sections whose body a give-up cancel or the coordinator's close ended."""
+    closes: int = 0
+    """Times the worker closed its coordinator mid-run (and went on with a new one)."""
+    closed_acquires: int = 0
+    """Acquires ended by their coordinator's close (``CoordinatorClosed``)."""
+    closed_losses: int = 0
+    """Leases ended by their coordinator's close (``LockLost``)."""
+    ends: list[list[Any]] = field(default_factory=list)
+    """``[name, fence, holder, time]`` of sections that stopped without an ``end`` entry
+    (a give-up cancel in the body, or the close): the holder believed until then."""
+    close_checks: list[list[Any]] = field(default_factory=list)
+    """Per close: ``[began, closed, identity, final, leftovers, errors]`` (monotonic
+    times aclose() began and returned; what the server still had of that coordinator
+    after it)."""
 
 
 @dataclass
@@ -391,6 +434,22 @@ class ChaosReport:
     budgeted: int = 0
     """Stale writes plus fenced-off sections outside the windows of faults that lose
     locks by design: held to ``stale_budget``."""
+    interrupted: int = 0
+    """Acquired sections a give-up cancel or a close of their coordinator ended."""
+    giveups: int = 0
+    """Acquires given up on purpose: short timeouts that ran out, and cancels."""
+    closes: int = 0
+    """Coordinators closed mid-run by their workers (each went on with a new one)."""
+    stranded: int = 0
+    """Locks and live waiter-queue places left on the server by a closed coordinator
+    (checked after each aclose() and, for the whole run, once every worker exited)."""
+    stranded_details: list[str] = field(default_factory=list)
+    stranded_excused: int = 0
+    """Leftovers of closes inside a fault's window (the server was unreachable): the TTL
+    ends them, as documented."""
+    excused_details: list[str] = field(default_factory=list)
+    probe_errors: list[str] = field(default_factory=list)
+    """Looks at the server after a close that failed (outside fault windows)."""
 
     @property
     def problems(self) -> list[str]:
@@ -416,8 +475,18 @@ class ChaosReport:
                 f"{self.budgeted} stale writes and fenced-off sections outside the windows "
                 f"of faults that lose locks > the budget of {self.stale_budget}"
             )
-        if self.acquired and self.completed < 0.9 * self.acquired:
-            out.append(f"only {self.completed} of {self.acquired} acquired sections completed")
+        if self.stranded:
+            out.append(
+                f"{self.stranded} lock(s) or queue place(s) stranded on the server after "
+                f"aclose(): {self.stranded_details[:5]}"
+            )
+        if self.probe_errors:
+            out.append(f"could not look at the server after a close: {self.probe_errors[:3]}")
+        if self.acquired and self.completed < 0.9 * (self.acquired - self.interrupted):
+            out.append(
+                f"only {self.completed} of {self.acquired - self.interrupted} acquired "
+                "sections completed (not counting those a give-up or a close ended)"
+            )
         if self.writes != self.acks + self.history_errors + self.cut_writes:
             out.append(
                 f"{self.writes} writes sent but {self.acks} acks, {self.history_errors} "
@@ -442,7 +511,9 @@ class ChaosReport:
             f"violations={self.violations} lost={self.lost} "
             f"after-loss={self.writes_after_loss} late-entries={self.late_entries} "
             f"late-grants={self.late_grants} tolerated={self.tolerated} "
-            f"budget={self.budgeted}/{self.stale_budget} "
+            f"budget={self.budgeted}/{self.stale_budget} giveups={self.giveups} "
+            f"closes={self.closes} stranded={self.stranded} "
+            f"(excused {self.stranded_excused}) "
             f"faults-ok={sum(o.satisfied() for o in self.faults)}/{len(self.faults)}"
         )
 
@@ -462,6 +533,9 @@ class ChaosReport:
                 + (f"  ({o.error})" if o.error else "")
             )
         rows.extend(f"  ! {detail}" for detail in self.details[:10])
+        rows.extend(f"  ! stranded: {detail}" for detail in self.stranded_details[:10])
+        rows.extend(f"  ! probe: {detail}" for detail in self.probe_errors[:5])
+        rows.extend(f"  (excused: {detail})" for detail in self.excused_details[:5])
         return "\n".join(rows)
 
     def as_dict(self) -> dict[str, Any]:
@@ -476,7 +550,8 @@ def format_reports(reports: Sequence[ChaosReport]) -> str:
     rows = [
         f"{'scenario':<9} {'secs':>4} {'ops':>6} {'sect':>5} {'done':>5} {'lost':>5} "
         f"{'cancl':>5} {'tmo':>5} {'err':>5} {'stale':>5} {'fenced':>6} {'viol':>4} "
-        f"{'lost-ops':>8} {'aftloss':>7} {'late':>4} {'toler':>5} {'faults':>6}"
+        f"{'lost-ops':>8} {'aftloss':>7} {'late':>4} {'toler':>5} {'giveup':>6} "
+        f"{'closes':>6} {'strand':>6} {'faults':>6}"
     ]
     for r in reports:
         ok = sum(o.satisfied() for o in r.faults)
@@ -485,7 +560,7 @@ def format_reports(reports: Sequence[ChaosReport]) -> str:
             f"{r.completed:>5} {r.leases_lost:>5} {r.cancelled:>5} {r.timeouts:>5} "
             f"{r.errors:>5} {r.stale_rejected:>5} {r.fenced_off:>6} {r.violations:>4} "
             f"{r.lost:>8} {r.writes_after_loss:>7} {r.late_entries:>4} {r.tolerated:>5} "
-            f"{f'{ok}/{len(r.faults)}':>6}"
+            f"{r.giveups:>6} {r.closes:>6} {r.stranded:>6} {f'{ok}/{len(r.faults)}':>6}"
         )
     return "\n".join(rows)
 
@@ -515,6 +590,155 @@ class _WorkerConfig:
     ttl: float
     timeout: float
     hold: float
+    backend: str = "redis"
+    closes: list[float] = field(default_factory=list)
+    """Seconds after the start at which to close the coordinator (see _close_plan)."""
+    admin: str | list[str] | None = None
+    """A way to the server that no proxy fault cuts (for looking after a close)."""
+
+
+class _GiveUp:
+    """One attempt to be cancelled on purpose, and whether the cancel was sent."""
+
+    def __init__(self, phase: str) -> None:
+        self.phase = phase
+        self.task: asyncio.Task[None] | None = None
+        self.fired = False
+        self.handle: asyncio.TimerHandle | None = None
+
+    def fire(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.fired = True
+            self.task.cancel()
+
+    def arm(self, delay: float) -> None:
+        self.handle = asyncio.get_running_loop().call_later(delay, self.fire)
+
+    def disarm(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+
+
+class _Probe:
+    """Looks at the server directly for what a closed coordinator (``identity``), or
+    anyone (None), left there: locks and live waiter-queue places of the run's names."""
+
+    def __init__(self, backend: str, admin: Any, options: dict[str, Any], names: list[str]):
+        self.backend = backend
+        self.admin = admin
+        self.options = options
+        self.names = names
+        self._coord: Any = None
+
+    async def aclose(self) -> None:
+        if self._coord is not None:
+            with contextlib.suppress(Exception):
+                await self._coord.aclose()
+
+    async def leftovers(self, identity: str | None) -> tuple[list[str], list[str]]:
+        """(leftovers, errors): looked at until clean or :data:`_GIVE_BACK` has passed.
+        On Redis whatever was seen counts (nothing gives back after the close); on
+        PostgreSQL what is still there at the end (sessions end asynchronously)."""
+        deadline = time.monotonic() + _GIVE_BACK
+        seen: dict[str, str] = {}
+        errors: list[str] = []
+        while True:
+            try:
+                async with asyncio.timeout(5):
+                    found = await self._look(identity)
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+                found = None
+            if found is not None:
+                errors = []
+                if self.backend == "postgres":
+                    seen = found
+                else:
+                    for key, what in found.items():
+                        seen.setdefault(key, what)  # as first seen
+            if found == {} or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.1)
+        return sorted(seen.values()), errors
+
+    async def _look(self, identity: str | None) -> dict[str, str]:
+        if self.backend == "postgres":
+            return await _pg_leftovers(self.admin, self.options["namespace"], identity)
+        import asynclock  # noqa: PLC0415
+
+        if self._coord is None:
+            self._coord = asynclock.connect(self.admin, **self.options)
+        backend = self._coord.backend
+        client = backend.client
+        found: dict[str, str] = {}
+        now_ms = time.time() * 1000
+        for name in self.names:
+            keys = backend.keys(name)
+            value = await client.get(keys.lock)
+            if value is not None:
+                text = _text(value)
+                owner = text.partition(":")[2] or text
+                if identity is None or owner == identity:
+                    pttl = await client.pttl(keys.lock)
+                    found[keys.lock] = f"{name}: lock held by {owner!r} (pttl {pttl} ms)"
+            for due_key in (keys.due, keys.reader_due, keys.permit_due):
+                for member, due in (await client.hgetall(due_key)).items():
+                    waiter = _text(member)
+                    until = _text(due).partition(":")[0]
+                    owner = waiter.partition(":")[2]
+                    live = until.isdigit() and int(until) > now_ms
+                    if live and (identity is None or owner == identity):
+                        found[f"{due_key}/{waiter}"] = (
+                            f"{name}: live waiter-queue place of {owner!r} "
+                            f"({int(until) - now_ms:.0f} ms left)"
+                        )
+        return found
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+async def _pg_advisory(dsn: str) -> list[Any]:
+    """Every advisory lock (held or waited for) of the other sessions, with the
+    session's application_name and state."""
+    import asyncpg  # noqa: PLC0415
+
+    conn = await asyncpg.connect(dsn, timeout=5)
+    try:
+        return list(
+            await conn.fetch(
+                "SELECT l.pid, l.classid, l.objid, l.granted, l.mode, "
+                "coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state "
+                "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE l.locktype = 'advisory' AND l.pid <> pg_backend_pid()"
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def _pg_leftovers(dsn: str, namespace: str, identity: str | None) -> dict[str, str]:
+    """Advisory locks (held or waited for) of sessions other than this one: the run's
+    private server has no others; with ``identity``, only sessions named for it."""
+
+    from asynclock.postgres import advisory_key, lock_ids  # noqa: PLC0415
+
+    rows = await _pg_advisory(dsn)
+    # Names are res0, res1, ...: map the ones the run may use back from their keys.
+    by_ids = {lock_ids(advisory_key(f"res{i}", namespace)): f"res{i}" for i in range(64)}
+    found: dict[str, str] = {}
+    for row in rows:
+        app = row["app"]
+        if identity is not None and not app.endswith(f":{identity}"):
+            continue
+        name = by_ids.get((row["classid"], row["objid"]), f"key {row['classid']}/{row['objid']}")
+        what = "held" if row["granted"] else "waited for"
+        found[f"{row['pid']}/{row['classid']}/{row['objid']}/{row['mode']}"] = (
+            f"{name}: advisory lock {what} by pid {row['pid']} "
+            f"(application_name {app!r}, {row['state'] or 'no session'})"
+        )
+    return found
 
 
 class _Worker:
@@ -524,6 +748,12 @@ class _Worker:
         self.stall_requests: list[float] = []
         self.stop_at = 0.0
         self.rng = random.Random()  # noqa: S311 - jitter, not secrets
+        self.coord: Any = None
+        self.generation = 0
+        self.stalled = -math.inf  # monotonic time the last stall ended
+        # identity of a coordinator -> time.time() when its close began (its leases
+        # ended then).
+        self.closed_at: dict[str, float] = {}
 
     def event(self, what: str) -> None:
         self.summary.events.append((time.monotonic(), what))
@@ -541,12 +771,20 @@ class _Worker:
             self.event(f"stall-{how}")
             self.summary.stalls += 1
             time.sleep(seconds)  # blocking the event loop is the fault
+            self.stalled = time.monotonic()
+
+    def _connect(self) -> Any:
+        import asynclock  # noqa: PLC0415
+
+        cfg = self.config
+        self.generation += 1
+        identity = f"chaos-w{cfg.worker}g{self.generation}-{uuid.uuid4().hex[:6]}"
+        return asynclock.connect(cfg.target, identity=identity, **cfg.options)
 
     async def run(self) -> WorkerSummary:
         # Imported here: the parent side of this module needs neither.
         from redis.asyncio import Redis  # noqa: PLC0415
 
-        import asynclock  # noqa: PLC0415
         from asynclock.testing.history import FencedLog, dump_acks  # noqa: PLC0415
 
         cfg = self.config
@@ -560,26 +798,33 @@ class _Worker:
             {name: FencedLog(client, _log_key(cfg.namespace, name)) for name in cfg.names}
             for client in clients
         ]
-        coord = asynclock.connect(cfg.target, **cfg.options)
+        probe = (
+            _Probe(cfg.backend, cfg.admin, cfg.options, cfg.names)
+            if cfg.admin is not None
+            else None
+        )
+        self.coord = self._connect()
         try:
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(_STALL_SIGNAL, self.request_stall, cfg.ttl * 1.5)
             print(_READY, flush=True)
             await loop.run_in_executor(None, sys.stdin.readline)  # the parent's "go"
             self.stop_at = time.monotonic() + cfg.duration
-            tasks = [asyncio.create_task(self._loop(coord, logs[i], i)) for i in range(cfg.tasks)]
+            tasks = [asyncio.create_task(self._loop(logs[i], i)) for i in range(cfg.tasks)]
+            closer = asyncio.create_task(self._closer(probe))
             # Bounded: a task stuck past the end (a hung connection) must not hang the run.
-            _, pending = await asyncio.wait(tasks, timeout=cfg.duration + cfg.timeout + 10)
+            _, pending = await asyncio.wait(
+                [*tasks, closer], timeout=cfg.duration + cfg.timeout + 10
+            )
             for task in pending:
                 task.cancel()
             if pending:
                 self.event(f"stuck {len(pending)} tasks")
                 await asyncio.wait(pending, timeout=5)
         finally:
-            self.summary.late_grants = coord.stats().late_grants
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(10):
-                    await coord.aclose()
+            await self._close(self.coord, probe, final=True)
+            if probe is not None:
+                await probe.aclose()
             for client in clients:
                 await client.aclose()
         self.summary.acks = {
@@ -588,43 +833,160 @@ class _Worker:
         }
         return self.summary
 
-    async def _loop(self, coord: Any, logs: dict[str, Any], index: int) -> None:
-        from asynclock import BackendError, LockLost, LockTimeout  # noqa: PLC0415
+    async def _closer(self, probe: _Probe | None) -> None:
+        """Close the coordinator at the planned moments while the tasks wait and hold;
+        they go on with a new one (made first: a task between attempts never sees none)."""
+        began = self.stop_at - self.config.duration
+        for at in self.config.closes:
+            await asyncio.sleep(max(0.0, began + at - time.monotonic()))
+            now = time.monotonic()
+            if self.stall_requests or now - self.stalled < 2 * self.config.ttl + 1:
+                continue  # the stall's loss is what its fault must show: not a close
+            old = self.coord
+            self.coord = self._connect()
+            self.summary.closes += 1
+            await self._close(old, probe)
 
+    async def _close(self, coord: Any, probe: _Probe | None, *, final: bool = False) -> None:
+        began = time.monotonic()
+        self.closed_at[coord.identity] = time.time()
+        self.event("close")
+        try:
+            async with asyncio.timeout(10):
+                await coord.aclose()
+        except Exception as exc:
+            self.event(f"close-error {type(exc).__name__}: {str(exc)[:120]}")
+        closed = time.monotonic()
+        self.summary.late_grants += coord.stats().late_grants
+        if probe is None:
+            return
+        left, errors = await probe.leftovers(coord.identity)
+        self.summary.close_checks.append([began, closed, coord.identity, final, left, errors])
+
+    async def _loop(self, logs: dict[str, Any], index: int) -> None:
         cfg = self.config
         holder = f"w{cfg.worker}t{index}"
         seq = 0
         while time.monotonic() < self.stop_at:
-            name = self.rng.choice(cfg.names)
             seq += 1
             self.summary.attempts += 1
-            requested = time.time()
-            try:
-                async with coord.lock(name, ttl=cfg.ttl, timeout=cfg.timeout) as lease:
-                    left = lease.expires_in
-                    self.summary.acquired += 1
-                    self.summary.grants.append(
-                        [name, lease.fence, holder, requested, time.time(), left]
-                    )
-                    if left <= 0:
-                        self.summary.late_entries += 1
-                        self.event("late-entry")
-                    await self._section(logs[name], lease, holder, f"{holder}-{seq}")
-            except LockLost as exc:
-                self.summary.leases_lost += 1
-                if isinstance(exc.__cause__, asyncio.CancelledError):
-                    self.summary.cancelled += 1
-                self.event("lost")
-            except LockTimeout:
+            roll = self.rng.random()
+            if roll < _GIVEUP_CANCEL:
+                await self._cancelled(logs, holder, f"{holder}-{seq}")
+            elif roll < _GIVEUP_CANCEL + _GIVEUP_TIMEOUT:
+                await self._once(logs, holder, f"{holder}-{seq}", self.rng.uniform(0.001, 0.05))
+            else:
+                await self._once(logs, holder, f"{holder}-{seq}", cfg.timeout)
+
+    async def _cancelled(self, logs: dict[str, Any], holder: str, op: str) -> None:
+        """One attempt cancelled at a random moment of the phase picked."""
+        plan = _GiveUp(self.rng.choice(_GIVEUP_PHASES))
+        plan.task = child = asyncio.create_task(
+            self._once(logs, holder, op, self.config.timeout, plan)
+        )
+        if plan.phase == "attempt":
+            plan.arm(self.rng.uniform(0.0, 0.002))
+        elif plan.phase == "wait":
+            plan.arm(self.rng.uniform(0.002, 0.2))
+        try:
+            await asyncio.wait([child])
+        finally:
+            plan.disarm()
+            if not child.done():  # this task was cancelled (the run's end)
+                child.cancel()
+                await asyncio.wait([child])
+        if child.cancelled():
+            counts = self.summary.giveup_cancels
+            counts[plan.phase] = counts.get(plan.phase, 0) + 1
+            self.event(f"giveup-{plan.phase}")
+        elif child.exception() is not None:
+            raise child.exception()  # type: ignore[misc]
+
+    async def _once(
+        self,
+        logs: dict[str, Any],
+        holder: str,
+        op: str,
+        patience: float,
+        plan: _GiveUp | None = None,
+    ) -> None:
+        from asynclock import (  # noqa: PLC0415
+            BackendError,
+            CoordinatorClosed,
+            LockLost,
+            LockTimeout,
+        )
+
+        cfg = self.config
+        coord = self.coord
+        name = self.rng.choice(cfg.names)
+        requested = time.time()
+        try:
+            async with coord.lock(name, ttl=cfg.ttl, timeout=patience) as lease:
+                if plan is not None and plan.phase == "body":
+                    plan.arm(self.rng.uniform(0.0, 0.03))
+                left = lease.expires_in
+                self.summary.acquired += 1
+                self.summary.grants.append(
+                    [name, lease.fence, holder, requested, time.time(), left]
+                )
+                if left <= 0:
+                    self.summary.late_entries += 1
+                    self.event("late-entry")
+                try:
+                    # A stall is a loss the fault must show: not in a section a give-up
+                    # cancel may end first.
+                    await self._section(logs[name], lease, holder, op, stall=plan is None)
+                except BaseException:
+                    self._stopped(coord, name, lease.fence, holder, plan)
+                    raise
+        except (LockLost, LockTimeout, BackendError, CoordinatorClosed) as exc:
+            await self._failed(exc, coord, patience)
+
+    async def _failed(self, exc: Exception, coord: Any, patience: float) -> None:
+        from asynclock import CoordinatorClosed, LockLost, LockTimeout  # noqa: PLC0415
+
+        if isinstance(exc, LockLost):
+            if coord.closed:
+                self.summary.closed_losses += 1
+                self.event("closed-lost")
+                return
+            self.summary.leases_lost += 1
+            if isinstance(exc.__cause__, asyncio.CancelledError):
+                self.summary.cancelled += 1
+            self.event("lost")
+        elif isinstance(exc, LockTimeout):
+            if patience < self.config.timeout:
+                self.summary.giveup_timeouts += 1
+                self.event("giveup-timeout")
+            else:
                 self.summary.timeouts += 1
                 self.event("timeout")
-            except BackendError as exc:
-                self.summary.errors += 1
-                self.event(f"error {type(exc).__name__}: {str(exc)[:120]}")
-                # A dead server refuses at once: do not spin on it.
-                await asyncio.sleep(0.05 + self.rng.random() * 0.15)
+        elif isinstance(exc, CoordinatorClosed) or coord.closed:
+            self.summary.closed_acquires += 1
+            self.event("closed-acquire")
+        else:
+            self.summary.errors += 1
+            self.event(f"error {type(exc).__name__}: {str(exc)[:120]}")
+            # A dead server refuses at once: do not spin on it.
+            await asyncio.sleep(0.05 + self.rng.random() * 0.15)
 
-    async def _section(self, log: Any, lease: Any, holder: str, op: str) -> None:
+    def _stopped(
+        self, coord: Any, name: str, fence: int, holder: str, plan: _GiveUp | None
+    ) -> None:
+        """A body left by an exception: if a give-up cancel or the coordinator's close
+        ended it, the holder believes no more from now (from the close: its leases ended
+        there), and it counts apart from the sections that should have completed."""
+        closed = self.closed_at.get(coord.identity)
+        if closed is None and not (plan is not None and plan.fired):
+            return  # a loss: the history judges the belief the holder wrote down
+        at = time.time() if closed is None else min(closed, time.time())
+        self.summary.ends.append([name, fence, holder, at])
+        self.summary.interrupted += 1
+
+    async def _section(
+        self, log: Any, lease: Any, holder: str, op: str, *, stall: bool = True
+    ) -> None:
         # Most sections are short; some hold across renewals, longer than the TTL.
         cfg = self.config
         long = self.rng.random() < _LONG_SECTIONS
@@ -640,7 +1002,8 @@ class _Worker:
             state = "lost" if lease.lost else "held" if left > 0 else "expired"
             decided = time.time()
             valid_until = decided + left
-            self._stall_now("holding")
+            if stall:
+                self._stall_now("holding")
             self.summary.writes += 1
             try:
                 ack = await log.append(
@@ -679,6 +1042,9 @@ def _worker_main(args: argparse.Namespace) -> int:
         ttl=args.ttl,
         timeout=args.timeout,
         hold=args.hold,
+        backend=args.backend,
+        admin=json.loads(args.admin) if args.admin else None,
+        closes=json.loads(args.closes),
     )
     if args.patch:
         # A deliberately broken lock, for mutation testing of this runner.
@@ -708,6 +1074,9 @@ class _Setup:
     names: list[str] = field(default_factory=list)
     worker_targets: list[Any] = field(default_factory=list)
     """Per worker, its own way to the server (its own proxy), when there is one."""
+    admin_target: Any = None
+    """A way to the server no fault of the proxies cuts, to look for what a closed
+    coordinator left there (None: not looked at, Redlock)."""
 
 
 async def unsupported(backend: str) -> str | None:
@@ -751,7 +1120,7 @@ async def _setup(  # noqa: PLR0917 - private, called once
         servers = list(await asyncio.to_thread(valkey_factory, sc.nodes))
         setup = _Setup([s.url for s in servers], {"prefix": namespace}, servers)
         if sc.backend == "redis":
-            setup.target = servers[0].url
+            setup.target = setup.admin_target = servers[0].url
         if sc.proxy and sc.backend == "redis":
             # One proxy per worker: the proxy faults hit them all, ``isolate`` one.
             server = servers[0]
@@ -768,6 +1137,7 @@ async def _setup(  # noqa: PLR0917 - private, called once
             raise ScenarioSkipped("the postgres scenario needs a postgres_factory")
         (server,) = await asyncio.to_thread(postgres_factory, 1)
         setup = _Setup(server.url, {"namespace": namespace}, [server], admin_dsn=server.url)
+        setup.admin_target = server.url
         if sc.proxy:
             setup.proxies = [
                 await _start_proxy(stack, server.host, server.port) for _ in range(sc.workers)
@@ -785,7 +1155,7 @@ async def _setup(  # noqa: PLR0917 - private, called once
         else:
             topology = await asyncio.to_thread(_topology.SentinelSetup.start)
         stack.callback(topology.stop)
-    return _Setup(topology.url, {"prefix": namespace}, topology=topology)
+    return _Setup(topology.url, {"prefix": namespace}, topology=topology, admin_target=topology.url)
 
 
 async def _spawn_worker(
@@ -800,6 +1170,9 @@ async def _spawn_worker(
         *("--duration", str(sc.duration), "--ttl", str(sc.ttl)),
         *("--timeout", str(sc.timeout), "--hold", str(sc.hold)),
         *(("--patch", sc.patch) if sc.patch else ()),
+        *("--backend", sc.backend),
+        *("--closes", json.dumps(_close_plan(sc, index))),
+        *(("--admin", json.dumps(setup.admin_target)) if setup.admin_target else ()),
     ]
     return await asyncio.create_subprocess_exec(
         sys.executable,
@@ -809,6 +1182,36 @@ async def _spawn_worker(
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,  # a terminal's Ctrl-C reaches the parent, which stops us
     )
+
+
+def _close_plan(sc: Scenario, worker: int) -> list[float]:
+    """When worker ``worker`` closes its coordinator (seconds after the start): every
+    2-6 s, outside the windows of faults that must show an effect (from half a second
+    before to TTL + 0.5 s after, 4 s more where clients find a new master, the stall's
+    own wait) and before the last 1.5 s."""
+    rng = random.Random()  # noqa: S311 - jitter, not secrets
+    busy = []
+    for fault in sc.faults:
+        if fault.expect is None:
+            continue
+        if fault.kind in ("stall", "isolate") and worker % sc.workers not in fault.targets:
+            continue
+        end = fault.at + fault.duration + sc.ttl + 0.5
+        if fault.kind in ("kill", "kill_master", "failover"):
+            end += 4.0
+        if fault.kind == "stall":
+            end += 1.0 + sc.ttl * 1.5
+        busy.append((fault.at - 0.5, end))
+    plan: list[float] = []
+    at = rng.uniform(0.5, 2.0)
+    while at < sc.duration - 1.5:
+        clash = max((end for start, end in busy if start <= at <= end), default=None)
+        if clash is None:
+            plan.append(round(at, 3))
+            at += rng.uniform(*_CLOSE_EVERY)
+        else:
+            at = clash + rng.uniform(0.1, 1.0)
+    return plan
 
 
 async def _terminate_holders(dsn: str) -> int:
@@ -1085,7 +1488,13 @@ async def _check(
             verdict.acks += sum(len(group) for group in acks)
             # exclusive=False: a holder frozen or stalled past its TTL is fenced off by
             # design; such sections count against the run's budget instead.
-            report = check(entries, *acks, exclusive=False, last_seq=last_seq)
+            ended = [
+                (int(fence), str(holder), float(at))
+                for s in summaries
+                for item_name, fence, holder, at in s.ends
+                if item_name == name
+            ]
+            report = check(entries, *acks, exclusive=False, last_seq=last_seq, ended=ended)
             by_seq = {entry.seq: entry for entry in entries}
 
             def in_lossy(at: float) -> bool:
@@ -1178,16 +1587,25 @@ async def run_scenario(
                     proc.stdin.write(_GO)
                     await proc.stdin.drain()
                 fault_task = asyncio.create_task(faults.run(t0))
+                orphans = _Orphans()
+                watch = asyncio.create_task(
+                    orphans.watch(setup.admin_dsn, namespace)
+                    if sc.backend == "postgres" and setup.admin_dsn is not None
+                    else asyncio.sleep(0)
+                )
                 try:
                     summaries = await asyncio.gather(*(_collect(p) for p in procs))
+                    # Every worker exited: nobody is left to give anything back.
+                    after_run = await _leftovers_after_run(sc, setup, namespace)
                     await fault_task
                 finally:
+                    watch.cancel()
                     fault_task.cancel()
                     with contextlib.suppress(BaseException):
                         await fault_task
                     for task in faults.background:
                         task.cancel()
-                    await asyncio.gather(*faults.background, return_exceptions=True)
+                    await asyncio.gather(watch, *faults.background, return_exceptions=True)
         lossy = [
             (t0_wall + start - t0, t0_wall + end - t0 + sc.ttl + 1)
             for fault, start, end, _ in faults.applied
@@ -1196,6 +1614,8 @@ async def run_scenario(
         verdict = await _check(
             history_url, namespace, setup.names, summaries, t0_wall=t0_wall, lossy=lossy
         )
+    stranded = _stranded(sc, summaries, faults.applied, after_run, t0)
+    stranded.found += orphans.found(t0)
     applied = sorted(faults.applied, key=lambda item: item[1])
     outcomes = []
     for index, (fault, start, end, err) in enumerate(applied):
@@ -1223,6 +1643,7 @@ async def run_scenario(
         sections=verdict.sections,
         completed=sum(s.completed for s in summaries),
         acquired=sum(s.acquired for s in summaries),
+        interrupted=sum(s.interrupted for s in summaries),
         leases_lost=sum(s.leases_lost for s in summaries),
         cancelled=sum(s.cancelled for s in summaries),
         timeouts=sum(s.timeouts for s in summaries),
@@ -1246,7 +1667,191 @@ async def run_scenario(
         tolerated=verdict.tolerated,
         stale_budget=_stale_budget(sc, verdict),
         budgeted=verdict.budgeted,
+        giveups=sum(s.giveup_timeouts + sum(s.giveup_cancels.values()) for s in summaries),
+        closes=sum(s.closes for s in summaries),
+        stranded=len(stranded.found),
+        stranded_details=stranded.found,
+        stranded_excused=stranded.excused,
+        excused_details=stranded.excused_details[:20],
+        probe_errors=stranded.errors,
     )
+
+
+# An advisory lock held this long by an idle session that no lease names (its
+# application_name is not a lease's) is held by nobody: stranded while the run goes on.
+_ORPHAN_AFTER = 2.0
+
+
+class _Orphans:
+    """PostgreSQL, during the run: advisory locks held by idle pooled sessions that no
+    lease names (a lease's session carries its holder in ``application_name``). Such a
+    lock keeps the name from everyone until the pool closes the connection."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int, int, int], list[Any]] = {}  # -> [first, last, text]
+
+    async def watch(self, dsn: str, namespace: str) -> None:
+        from asynclock.postgres import advisory_key, lock_ids  # noqa: PLC0415
+
+        names = {lock_ids(advisory_key(f"res{i}", namespace)): f"res{i}" for i in range(64)}
+        while True:
+            await asyncio.sleep(0.5)
+            try:
+                async with asyncio.timeout(2):  # a frozen server answers nothing
+                    rows = await _pg_advisory(dsn)
+            except Exception:  # noqa: S112 - a fault; look again later
+                continue
+            now = time.monotonic()
+            for row in rows:
+                if (
+                    not row["granted"]
+                    or row["state"] != "idle"
+                    or row["app"].startswith("asynclock:")
+                ):
+                    continue
+                key = (row["pid"], row["classid"], row["objid"])
+                name = names.get((row["classid"], row["objid"]), f"key {key[1]}/{key[2]}")
+                text = (
+                    f"{name}: advisory lock held by idle pid {row['pid']} that no lease "
+                    f"names (application_name {row['app']!r})"
+                )
+                self.seen.setdefault(key, [now, now, text])[1] = now
+
+    def found(self, t0: float) -> list[str]:
+        return [
+            f"during the run at t={first - t0:.1f}s: {text} for {last - first:.1f}s or more"
+            for first, last, text in self.seen.values()
+            if last - first >= _ORPHAN_AFTER
+        ]
+
+
+@dataclass
+class _Stranded:
+    found: list[str] = field(default_factory=list)
+    excused: int = 0
+    excused_details: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+# Faults during which a closing coordinator may be unable to give back what it held (the
+# server or the way to it is down; "isolate" only for the workers cut off), and how long
+# after the fault's end that lasts (clients find a new master after a failover). Stalls
+# and latency leave the server reachable: a close then must give everything back.
+_UNREACHABLE = {
+    "freeze": 1.0,
+    "kill": 1.0,
+    "blackhole": 1.0,
+    "reset": 1.0,
+    "isolate": 1.0,
+    "terminate": 1.0,
+    "failover": 5.0,
+    "kill_master": 5.0,
+}
+
+
+def _stranded(
+    sc: Scenario,
+    summaries: Sequence[WorkerSummary],
+    applied: Sequence[tuple[Fault, float, float, str | None]],
+    after_run: tuple[list[str], list[str]],
+    t0: float,
+) -> _Stranded:
+    """What closed coordinators left on the server: after each worker's closes (outside
+    the windows of faults, where the server could not be reached and the TTL ends what
+    is left) and after the whole run."""
+    out = _Stranded()
+    for summary in summaries:
+        windows = [
+            (start, end + _UNREACHABLE[fault.kind])
+            for fault, start, end, _ in applied
+            if fault.kind in _UNREACHABLE
+            and (fault.kind != "isolate" or summary.worker % len(summaries) in fault.targets)
+        ]
+        for began, closed, identity, final, left, errors in summary.close_checks:
+            excused = any(start <= closed and began <= end for start, end in windows)
+            what = "final close" if final else "close"
+            if excused:
+                out.excused += len(left)
+                out.excused_details += [
+                    f"w{summary.worker} {what} at t={began - t0:.1f}s: {item}" for item in left
+                ]
+                continue
+            out.found += [
+                f"w{summary.worker} {what} of {identity} at t={began - t0:.1f}s: {item}"
+                for item in left
+            ]
+            out.errors += [f"w{summary.worker} {what} at t={began - t0:.1f}s: {e}" for e in errors]
+    left, errors = after_run
+    out.found += [f"after the run: {item}" for item in left]
+    out.errors += [f"after the run: {e}" for e in errors]
+    return out
+
+
+async def _leftovers_after_run(
+    sc: Scenario, setup: _Setup, namespace: str
+) -> tuple[list[str], list[str]]:
+    """(leftovers, errors) on the server once every worker exited: PostgreSQL's advisory
+    locks (given :data:`_GIVE_BACK` for sessions to end), or every key of the run's
+    prefix on every Redis node or master other than fence counters, with live
+    waiter-queue places (lapsed ones are dead and do no harm)."""
+    if sc.backend == "postgres":
+        assert setup.admin_dsn is not None
+        probe = _Probe("postgres", setup.admin_dsn, {"namespace": namespace}, setup.names)
+        return await probe.leftovers(None)
+    try:
+        nodes = await asyncio.to_thread(_redis_nodes, sc, setup)
+        async with asyncio.timeout(20):
+            return await _scan_redis(nodes, namespace), []
+    except Exception as exc:
+        return [], [f"{type(exc).__name__}: {str(exc)[:200]}"]
+
+
+def _redis_nodes(sc: Scenario, setup: _Setup) -> list[tuple[str, int]]:
+    if sc.backend == "sentinel":
+        servers = [setup.topology.master()]
+    elif sc.backend == "cluster":
+        servers = setup.topology.masters()
+    else:
+        servers = setup.servers
+    return [(server.host, server.port) for server in servers]
+
+
+async def _scan_redis(nodes: Sequence[tuple[str, int]], namespace: str) -> list[str]:
+    from redis.asyncio import Redis  # noqa: PLC0415
+
+    found: list[str] = []
+    now_ms = time.time() * 1000
+    for host, port in nodes:
+        client = Redis(host=host, port=port)
+        try:
+            async for raw in client.scan_iter(match=f"{namespace}:*", count=1000):
+                key = _text(raw)
+                tail = key.rpartition("}")[2]
+                if ":history:" in key or tail.endswith(":queue"):
+                    continue  # a queue's places are judged by its ":due" hash
+                pttl = await client.pttl(key)
+                if tail.endswith(":fence"):
+                    if pttl == -1:
+                        found.append(f"{key}: fence counter without expiry")
+                elif tail == "":
+                    value = _text(await client.get(key) or b"")
+                    owner = value.partition(":")[2] or value
+                    found.append(f"{key}: lock held by {owner!r} (pttl {pttl} ms)")
+                elif tail.endswith(":due"):
+                    for member, due in (await client.hgetall(key)).items():
+                        until = _text(due).partition(":")[0]
+                        if until.isdigit() and int(until) > now_ms:
+                            owner = _text(member).partition(":")[2]
+                            found.append(
+                                f"{key}: live waiter-queue place of {owner!r} "
+                                f"({int(until) - now_ms:.0f} ms left)"
+                            )
+                else:
+                    kind = _text(await client.type(key))
+                    found.append(f"{key}: {kind} left (pttl {pttl} ms)")
+        finally:
+            await client.aclose()
+    return found
 
 
 def _stale_budget(sc: Scenario, verdict: _Verdict) -> int:
@@ -1273,6 +1878,9 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--timeout", type=float, default=3.0)
     worker.add_argument("--hold", type=float, default=0.01)
     worker.add_argument("--patch", default="", help="module:function to call first")
+    worker.add_argument("--backend", default="redis", choices=BACKENDS)
+    worker.add_argument("--admin", default="", help="JSON: a direct way to the server")
+    worker.add_argument("--closes", default="[]", help="JSON: when to close (seconds)")
     run = sub.add_parser("run", help="run scenarios and print their reports")
     run.add_argument("backends", nargs="*", default=list(BACKENDS), choices=BACKENDS)
     run.add_argument("--duration", type=float, default=60.0)

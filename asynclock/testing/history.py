@@ -514,19 +514,23 @@ def check(
     *acknowledged: Iterable[Ack],
     exclusive: bool = True,
     last_seq: int | None = None,
+    ended: Iterable[tuple[int, str, float]] = (),
 ) -> Report:
     """Check a history (entries in any order; sorted by ``seq``) against the union of
     the clients' ``acknowledged`` lists. See the module docstring for what is checked;
     ``exclusive=False`` lets a section be fenced off without it being a violation;
     ``last_seq`` is the resource's own count of writes (:meth:`FencedLog.counters`
-    ``["seq"]``), which the log must reach."""
+    ``["seq"]``), which the log must reach. ``ended``: ``(fence, holder, time)`` of
+    sections whose writer stopped believing without writing an ``end`` entry (its body
+    was cancelled, or its lease ended when its client closed) at client ``time``; for
+    (d) such a section believes until then at the latest, as one with an ``end``."""
     log = sorted(entries, key=lambda e: e.seq)
     acks: dict[str, Ack] = {}
     for group in acknowledged:
         for ack in group:
             acks.setdefault(ack.id, ack)
     violations = _fences_backwards(log) + _gaps(log, last_seq)
-    violations += _believers(log)
+    violations += _believers(log, ended)
     after_loss = [entry for entry in log if entry.state in ("lost", "expired")]
     violations += [
         Violation(
@@ -691,13 +695,16 @@ def _overlap(span: _Span, intruder: Entry) -> Violation:
     )
 
 
-def _believers(log: Sequence[Entry]) -> list[Violation]:
+def _believers(
+    log: Sequence[Entry], stopped: Iterable[tuple[int, str, float]] = ()
+) -> list[Violation]:
     """(d): sections (by fence and holder, accepted or not) whose writers believed their
     leases valid at the same time. A section believes from its first write until its
     largest ``valid_until`` (or its ``end`` entry, if earlier); the next section's first
     write must be decided after that (``decided``, else the send time: a writer paused
     between deciding and sending is the fence's to stop, not a second believer). Writes
-    whose writer knew its lease lost or expired do not extend a belief."""
+    whose writer knew its lease lost or expired do not extend a belief. ``stopped``: when
+    sections without an ``end`` entry stopped (see :func:`check`)."""
     begin: dict[tuple[int, str], Entry] = {}
     until: dict[tuple[int, str], float] = {}
     ended: dict[tuple[int, str], float] = {}
@@ -715,6 +722,9 @@ def _believers(log: Sequence[Entry]) -> list[Violation]:
             until[key] = max(until.get(key, entry.valid_until), entry.valid_until)
         if entry.kind == "end":
             ended[key] = min(ended.get(key, entry.time), entry.time)
+    for fence, holder, at in stopped:
+        key = (fence, holder)
+        ended[key] = min(ended.get(key, at), at)
     found: list[Violation] = []
     believer: tuple[tuple[int, str], float] | None = None  # the latest belief so far
     for key in sorted(until, key=lambda k: when(begin[k])):
