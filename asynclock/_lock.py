@@ -467,6 +467,14 @@ class Lock:
             attempt, start = await self._grant(claim, deadline)
             if attempt.start is not None:
                 start = attempt.start
+            if claim.ended:
+                # The server ended the grant's session (PostgreSQL: terminated, restarted)
+                # between the grant and here, when no lease could hear of it: nothing is
+                # held any more. A backend error, as a connection lost while acquiring is.
+                raise BackendError(
+                    f"{self._coord.backend.describe()}: the server ended the session that "
+                    f"was granted {self.name!r} before the lease was made"
+                )
             left = self._left(start)
             if left > 0:
                 return self._lease(claim, attempt, start, began)

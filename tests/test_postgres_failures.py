@@ -16,6 +16,7 @@ import pytest
 import asynclock
 from asynclock import BackendError, LockTimeout
 from asynclock.backends import PostgresBackend
+from asynclock.backends.base import Attempt, Claim
 from asynclock.postgres import lock_ids
 
 from .conftest import eventually
@@ -238,6 +239,44 @@ class TestStalledAndKilledSessions:
             finally:
                 os.kill(pid, signal.SIGCONT)
             await a.release()
+
+    @pytest.mark.parametrize("kind", ["lock", "semaphore"])
+    async def test_a_session_killed_between_the_grant_and_the_lease(
+        self,
+        asynclock_postgres_dsn: str,
+        admin: asyncpg.Connection,
+        namespace: str,
+        kind: str,
+    ) -> None:
+        """The server ends the granted session before the acquire made its lease (no
+        lease to tell yet): the acquire raises BackendError instead of handing over a
+        lease on a dead session (believed held until its first renewal, ttl/3 later,
+        while another client can take the name)."""
+        async with asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as coord:
+            backend = backend_of(coord)
+            original = backend.try_acquire
+
+            async def killed_after_the_grant(
+                claim: Claim, ttl: float, *, wait: float | None = 0.0
+            ) -> Attempt:
+                attempt = await original(claim, ttl, wait=wait)
+                if attempt.fence is not None:
+                    await admin.execute("SELECT pg_terminate_backend($1)", claim.handle.pid)
+                    assert await eventually(lambda: claim.ended, within=5)
+                return attempt
+
+            backend.try_acquire = killed_after_the_grant  # type: ignore[method-assign]
+            lock = coord.lock("k", ttl=30) if kind == "lock" else coord.semaphore("k", 2, ttl=30)
+            with pytest.raises(BackendError, match="ended the session"):
+                await lock.acquire()
+            assert coord.held == []
+            backend.try_acquire = original  # type: ignore[method-assign]
+            async with asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as other:
+                lease = await other.lock("k", ttl=30, timeout=0).acquire()
+                await lease.release()
+            # The name works again for the same coordinator.
+            async with lock:
+                pass
 
 
 class TestRoleTimeouts:

@@ -51,7 +51,17 @@ class Claim:
       waiter that came earlier is queued, and a release wakes the first in line.
     """
 
-    __slots__ = ("fair", "handle", "limit", "name", "recheck", "shared", "token", "value")
+    __slots__ = (
+        "ended",
+        "fair",
+        "handle",
+        "limit",
+        "name",
+        "recheck",
+        "shared",
+        "token",
+        "value",
+    )
 
     def __init__(
         self,
@@ -72,6 +82,9 @@ class Claim:
         self.limit = limit
         self.fair = fair
         self.handle: Any = None
+        # Set by the backend when the server certainly ended this claim's current grant
+        # (see Backend.on_hold_lost); reset by the backend at the claim's next grant.
+        self.ended = False
 
     def __repr__(self) -> str:
         kind = f"limit={self.limit}" if self.limit else f"shared={self.shared}"
@@ -166,6 +179,7 @@ class Backend(abc.ABC):
     def _hold_ended(self, claim: Claim) -> None:
         """For subclasses: ``claim``'s hold on the server certainly ended (see
         :meth:`on_hold_lost`)."""
+        claim.ended = True  # also read by an acquire that has not made its lease yet
         for callback in list(getattr(self, "_hold_lost", ())):
             callback(claim)
 

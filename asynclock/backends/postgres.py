@@ -1355,6 +1355,7 @@ class PostgresBackend(Backend):
         """A session for ``claim`` on ``conn``, watched for the connection's end."""
         session = _Session(conn, key, claim.shared, ttl_ms, permit)
         self._sessions.add(session)
+        claim.ended = False  # a new session: an earlier one's end is no news for it
 
         def closed(raw: object) -> None:
             self._session_died(session, claim)

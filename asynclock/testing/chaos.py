@@ -94,11 +94,11 @@ _LONG_SECTIONS = 0.05
 # replica promoted, a session killed): two holders may then believe at once, and only
 # the fence keeps the resource safe. Overlaps in time inside their windows are counted
 # apart (``tolerated``), as the documented limits, not as violations.
-_LOSES_LOCKS = frozenset({"kill", "kill_master", "failover", "terminate"})
-# On PostgreSQL a session's locks end with its connection: cutting a worker off ends them
-# at once on the server, while the holder believes until it notices (the same gap as a
-# terminated session; listening for the connection's end would close it).
-_LOSES_LOCKS_ON = {"postgres": _LOSES_LOCKS | {"isolate"}}
+_LOSES_LOCKS = frozenset({"kill", "kill_master", "failover"})
+# Per backend, when it differs. On PostgreSQL a session's locks end with its connection
+# (terminated, or cut off by the worker's proxy), and the holder hears of it as the
+# connection ends (asyncpg's termination listener): no gap to tolerate there.
+_LOSES_LOCKS_ON: dict[str, frozenset[str]] = {}
 # Give-ups: the share of attempts made with a short timeout (1-50 ms), and the share
 # cancelled at a random moment: during the first attempt, during the wait (which may land
 # on the grant itself), or inside the body once granted (in a write, a pause, the release).
