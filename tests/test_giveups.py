@@ -17,6 +17,7 @@ import redis.asyncio as aredis
 
 import asynclock
 from asynclock.backends import Attempt, Claim, RedisBackend
+from asynclock.backends.redis import _Subscriber
 from asynclock.testing.proxy import FaultProxy
 from tests.conftest import eventually, redis_backend
 
@@ -229,3 +230,81 @@ async def test_aclose_racing_grants_leaves_nothing_held(
         await other.aclose()
         for client in clients:
             await client.aclose()
+
+
+class TestRedlockWaitersLeaveTheirChannels:
+    """Redlock waiters do not queue, but they subscribe on every node: a give-up drops
+    every node's reference, whatever the moment."""
+
+    @staticmethod
+    def _held(coord: asynclock.Coordinator) -> list[dict[str, int]]:
+        backend = coord.backend
+        assert isinstance(backend, asynclock.backends.RedlockBackend)
+        return [_subscribed(node) for node in backend.nodes]
+
+    @staticmethod
+    def _confirmed(coord: asynclock.Coordinator) -> int:
+        """Nodes whose server confirmed a waiter's SUBSCRIBE."""
+        backend = coord.backend
+        assert isinstance(backend, asynclock.backends.RedlockBackend)
+        subscribers = [node._subscriber for node in backend.nodes]
+        return sum(
+            1
+            for sub in subscribers
+            if isinstance(sub, _Subscriber)
+            for ready in sub._ready.values()
+            if ready.done() and not ready.cancelled() and ready.exception() is None
+        )
+
+    @staticmethod
+    async def _settled(coord: asynclock.Coordinator) -> None:
+        backend = coord.backend
+        assert isinstance(backend, asynclock.backends.RedlockBackend)
+        assert await eventually(lambda: not coord._tasks and not backend._tasks, within=15.0)
+
+    @pytest.mark.parametrize("steps", [1])
+    async def test_a_cancel_while_leaving_the_wait_still_unsubscribes(
+        self, asynclock_redlock_urls: list[str], namespace: str, steps: int
+    ) -> None:
+        async with (
+            asynclock.connect(asynclock_redlock_urls, prefix=namespace) as other,
+            asynclock.connect(asynclock_redlock_urls, prefix=namespace) as coord,
+        ):
+            holder = await other.lock("r", ttl=30).acquire()
+            waiting = asyncio.create_task(coord.lock("r", ttl=30).acquire())
+            assert await eventually(lambda: len(coord._waiting) == 1)
+            waiting.cancel()
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            await self._settled(coord)
+            assert self._held(coord) == [{}] * 5
+            await holder.release()
+
+    async def test_a_cancel_while_a_slow_node_subscribes_unsubscribes_the_others(
+        self, asynclock_redlock_urls: list[str], namespace: str
+    ) -> None:
+        """Cancelled while one slow node had yet to confirm its SUBSCRIBE: the four that
+        had confirmed kept their reference, and the channel subscribed, for good."""
+        urls = asynclock_redlock_urls
+        async with (
+            FaultProxy.from_url(urls[0]) as proxy,
+            asynclock.connect(urls, prefix=namespace) as other,
+            asynclock.connect(
+                [proxy.url_for(urls[0]), *urls[1:]], prefix=namespace, node_timeout=2.0
+            ) as coord,
+        ):
+            holder = await other.lock("r", ttl=30).acquire()
+            await coord.inspect("r")  # connected
+            proxy.set_latency(0.3)  # node 0 confirms its SUBSCRIBE 0.6 s late
+            waiting = asyncio.create_task(coord.lock("r", ttl=30).acquire())
+            assert await eventually(lambda: self._confirmed(coord) == 4)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            proxy.heal()
+            await self._settled(coord)
+            assert self._held(coord) == [{}] * 5
+            await holder.release()
