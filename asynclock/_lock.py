@@ -13,6 +13,7 @@ import logging
 import math
 import secrets
 import time
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -565,32 +566,69 @@ class Lock:
 
     async def _wait(self, claim: Claim, deadline: float | None) -> tuple[Attempt, float]:
         """Try until granted; between attempts sleep until woken by a release, the
-        holder's TTL ends or the backoff step passes. Returns the grant and its start."""
+        holder's TTL ends or the backoff step passes. Returns the grant and its start.
+
+        The first attempt already joined the server's waiter queue (Redis). A waiter that
+        gives up leaves it, whatever the moment: while subscribing, while waiting (the
+        waiter's exit does it), and while that exit is on its way (a second cancel, a
+        timeout firing there): then it is left in the background, as it is when entering
+        the wait failed.
+        """
         coord = self._coord
-        granted = entered = False
+        # Subscribe first, then try: a release between the failed attempt and the sleep
+        # is recorded on the slot, never lost.
+        waiter = coord.backend.waiter(self.name)
         try:
-            # Subscribe first, then try: a release between the failed attempt and the
-            # sleep is recorded on the slot, never lost.
-            async with coord.backend.waiter(self.name) as slot:
-                entered = True
-                slot.tag = claim.value  # a release that names this claim wakes this slot
-                coord._waiting.add(slot)
-                try:
-                    result = await self._wait_loop(claim, deadline, slot)
-                    granted = True
-                    return result
-                finally:
-                    coord._waiting.discard(slot)
+            slot = await self._enter(waiter, deadline)
         except BaseException:
-            # Leaving the wait can suspend (an unsubscribe on its way) after the grant: a
-            # cancel or an error there means no Lease will be made. Give the grant back.
-            if granted:
-                coord._discard(claim, self.ttl)
-            elif not entered:
-                # Stopped while subscribing: the first attempt's place in the queue would
-                # keep others out until it lapses (leaving the waiter does it otherwise).
-                coord._leave(claim)
+            # Stopped while subscribing: the first attempt's place in the queue would
+            # keep others out until it lapses.
+            coord._leave(claim)
             raise
+        slot.tag = claim.value  # a release that names this claim wakes this slot
+        coord._waiting.add(slot)
+        try:
+            try:
+                result = await self._wait_loop(claim, deadline, slot)
+            finally:
+                coord._waiting.discard(slot)
+        except BaseException as exc:
+            try:
+                await waiter.__aexit__(type(exc), exc, exc.__traceback__)
+            except BaseException:
+                # Leaving the wait was interrupted or failed: it may not have left the
+                # queue. (Raised in place of ``exc``, as ``async with`` would.)
+                coord._leave(claim)
+                raise
+            raise
+        try:
+            # Leaving the wait can suspend (an unsubscribe on its way) after the grant.
+            await waiter.__aexit__(None, None, None)
+        except BaseException:
+            # A cancel or an error there means no Lease will be made: give the grant back.
+            coord._discard(claim, self.ttl)
+            raise
+        return result
+
+    async def _enter(
+        self, waiter: AbstractAsyncContextManager[WakeSlot], deadline: float | None
+    ) -> WakeSlot:
+        """Enter the wait (subscribe to wake-ups), within the caller's deadline: a server
+        slow to confirm the subscription ends the acquire with LockTimeout at the
+        deadline, not with the subscriber's own (socket) timeout after it."""
+        if deadline is None:
+            return await waiter.__aenter__()
+        bound = asyncio.timeout(max(deadline - self._coord.backend.clock.now(), 0.0))
+        try:
+            async with bound:
+                return await waiter.__aenter__()
+        except TimeoutError as exc:
+            if not bound.expired():
+                raise
+            raise LockTimeout(
+                f"lock {self.name!r} not acquired within {self.timeout:g}s (subscribing to "
+                f"its wake-ups on {self._coord.backend.describe()} took that long)"
+            ) from exc
 
     async def _wait_loop(
         self, claim: Claim, deadline: float | None, slot: WakeSlot
@@ -635,6 +673,7 @@ class Lock:
 
     async def _try(self, claim: Claim, deadline: float | None) -> Attempt:
         backend = self._coord.backend
+        stopped: BaseException | None = None  # the cancel our own deadline sent
         try:
             if deadline is None or self.timeout == 0:
                 return await backend.try_acquire(claim, self.ttl, wait=self.timeout)
@@ -642,18 +681,23 @@ class Lock:
             # A backend that waits in the server's queue stops there at the deadline; our
             # own bound only catches a server that does not answer at all.
             bound = remaining + _NATIVE_WAIT_SLACK if backend.native_wait else remaining
+            own = asyncio.timeout(bound)
             try:
-                async with asyncio.timeout(bound):
+                async with own:
                     return await backend.try_acquire(claim, self.ttl, wait=remaining)
             except TimeoutError as exc:
+                if own.expired():
+                    stopped = exc.__cause__
                 raise LockTimeout(
                     f"lock {self.name!r} not acquired within {self.timeout:g}s "
                     f"({backend.describe()} did not answer in time)"
                 ) from exc
         except BaseException as exc:
             # The server may have granted the lock before we stopped listening (cancelled,
-            # timed out, connection reset after the request left): take it back.
-            self._coord._discard(claim, self.ttl, in_flight=True, error=exc)
+            # timed out, connection reset after the request left): take it back. A request
+            # our deadline stopped was cancelled as a caller's cancel would: on a
+            # connection that keeps order, the give-back follows it and need not poll.
+            self._coord._discard(claim, self.ttl, in_flight=True, error=stopped or exc)
             if isinstance(exc, BackendError) and self._coord.closed:
                 raise CoordinatorClosed("this Coordinator was closed while acquiring") from exc
             raise

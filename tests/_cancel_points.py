@@ -138,16 +138,22 @@ class phase:
 
 
 class Stepper(Generic[T]):
-    """``await Stepper(coro, k)``: run ``coro``, cancelling the task at its k-th suspension.
+    """``await Stepper(coro, k)``: run ``coro``, cancelling the task at its k-th suspension
+    (and with ``again=n`` once more at its (k+n)-th).
 
     ``cancel_at=None`` never cancels (a trace of the whole path). After the run,
     ``labels`` holds one label per suspension seen, and ``requested`` says whether the
     cancel was sent (the operation reached its k-th suspension).
     """
 
-    def __init__(self, coro: Coroutine[Any, Any, T], cancel_at: int | None) -> None:
+    def __init__(
+        self, coro: Coroutine[Any, Any, T], cancel_at: int | None, *, again: int = 0
+    ) -> None:
         self._coro = coro
         self.cancel_at = cancel_at
+        # > 0: cancel once more, that many suspensions after the first cancel (a second
+        # cancel landing while the first one's clean-up is on its way).
+        self.again = again
         self.probe = Probe()
         self.requested = False
 
@@ -167,7 +173,9 @@ class Stepper(Generic[T]):
                 return cast(T, stop.value)
             labels = self.probe.labels
             labels.append(self.probe.label())
-            if len(labels) == self.cancel_at:
+            if len(labels) == self.cancel_at or (
+                self.again and self.cancel_at and len(labels) == self.cancel_at + self.again
+            ):
                 task = asyncio.current_task()
                 assert task is not None
                 self.requested = True

@@ -326,14 +326,17 @@ class Point:
     give_back: float
 
 
-async def run_point(env: Env, op: Op, name: str, k: int | None) -> Point:
-    """Run ``op`` once on a fresh coordinator, cancelled at its k-th suspension, and
-    check the invariants; ``k=None`` runs it to the end (the trace of its points)."""
+async def run_point(env: Env, op: Op, name: str, k: int | None, *, again: int = 0) -> Point:
+    """Run ``op`` once on a fresh coordinator, cancelled at its k-th suspension (and with
+    ``again=n`` at its (k+n)-th too), and check the invariants; ``k=None`` runs it to the
+    end (the trace of its points)."""
     with TaskOwners() as owners:
-        return await _run_point(env, op, name, k, owners)
+        return await _run_point(env, op, name, k, owners, again=again)
 
 
-async def _run_point(env: Env, op: Op, name: str, k: int | None, owners: TaskOwners) -> Point:
+async def _run_point(
+    env: Env, op: Op, name: str, k: int | None, owners: TaskOwners, *, again: int = 0
+) -> Point:
     problems: list[str] = []
     give_back = 0.0
     with owner(FRESH):
@@ -348,7 +351,7 @@ async def _run_point(env: Env, op: Op, name: str, k: int | None, owners: TaskOwn
             if op.action in ("release", "extend"):
                 lease = await lock_of(coord, op.kind, name).acquire()
         holder = await holder_for(env, op, name) if op.contended else None
-        stepper = Stepper(perform(coord, op, name, lease), k)
+        stepper = Stepper(perform(coord, op, name, lease), k, again=again)
         task = await _run_task(env, coord, stepper, holder, problems)
 
         # 1. The task ends cancelled (or, never cancelled, completes).
@@ -946,3 +949,22 @@ async def test_postgres_cancelled_around_a_fence_that_times_out(
         await admin.execute(f'DROP SEQUENCE IF EXISTS "{sequence}"')
         await admin.close()
         await pg.close()
+
+
+# A waiter cancelled in its wait, then once more at the next suspension: in its exit,
+# which leaves the line and the waiter's channel (a timeout firing while a LockTimeout
+# leaves the wait does the same). The second cancel stopped both requests before they
+# were sent: the place stayed until it lapsed, the channel subscribed for good.
+@pytest.mark.parametrize("backend_kind", ["redis"])
+async def test_a_waiter_cancelled_again_while_leaving_the_wait_leaves_the_line(
+    env: Env,
+) -> None:
+    op = Op("fair.acquire(wait)", "fair", "acquire", True, retry=_LONG_BACKOFF)
+    name = safe_name(op.name)
+    trace = await run_point(env, op, name, None)
+    k = trace.labels.index("core")  # 1-based: the suspension after the in-wait attempt
+    assert trace.labels[k - 2 : k + 1] == ["waiter.enter", "try_acquire", "core"], trace.labels
+    point = await run_point(env, op, name, k + 1, again=1)
+    assert point.requested
+    assert point.labels[k + 1] == "waiter.exit", point.labels  # the second cancel's point
+    assert not point.problems, point.problems

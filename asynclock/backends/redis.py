@@ -367,6 +367,8 @@ class RedisBackend(Backend):
         )
         self._owns_client = False
         self._errors = map_backend_errors(self._where, _DRIVER_ERRORS)
+        # Waiters leaving the queue and their channel after giving up (see _Waiter).
+        self._tasks = TaskSet(f"waiters of {self._where}")
 
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 64, **options: Any) -> RedisBackend:
@@ -794,6 +796,7 @@ class RedisBackend(Backend):
         return _Listener(self._subscriber, self.topic_channel(topic))
 
     async def aclose(self) -> None:
+        await self._tasks.close(1.0)  # give-ups on their way out of the queue
         await self._subscriber.aclose()
         await self._link.aclose()
         if self._owns_client:
@@ -1074,9 +1077,19 @@ class _Waiter:
             await backend._subscriber.unsubscribe(self._inbox, confirm=False)
             return
         # A waiter that gives up (cancelled, timed out) leaves the queue, and leaves only
-        # once the server has dropped its subscription: both round trips at once.
+        # once the server has dropped its subscription: both round trips at once. In a
+        # task of the backend's: a cancel landing here (a second one, a timeout firing
+        # while a LockTimeout leaves) must not stop them before they start, which kept
+        # the place in the queue until it lapsed and the channel subscribed for good.
+        leaving = backend._tasks.spawn(
+            self._leave(slot.tag), name=f"asynclock-leave-wait:{self._keys.channel}"
+        )
+        await asyncio.shield(leaving)
+
+    async def _leave(self, value: str) -> None:
+        backend = self._backend
         await asyncio.gather(
-            backend._dequeue(self._keys, slot.tag),
+            backend._dequeue(self._keys, value),
             backend._subscriber.unsubscribe(self._inbox, confirm=True),
         )
 

@@ -575,16 +575,25 @@ class _RedlockWaiter:
         backend = self._backend
         slot = self._slot = backend._hub.register(self._channel)
         channel = self._channel
+        subscribed: list[RedisBackend] = []
+
+        async def subscribe(node: RedisBackend) -> None:
+            await node._subscriber.subscribe(channel)
+            subscribed.append(node)
+
         try:
-            results = await backend._each(lambda node: node._subscriber.subscribe(channel))
+            await backend._each(subscribe)
         except BaseException:
             backend._hub.unregister(slot)
+            # Cancelled while a slow node had yet to confirm: the nodes that did keep a
+            # reference each (the channel would stay subscribed for good). Drop them.
+            if subscribed:
+                backend._tasks.spawn(
+                    self._unsubscribe(subscribed, confirm=False),
+                    name=f"asynclock-redlock-unsubscribe:{channel}",
+                )
             raise
-        self._subscribed = [
-            node
-            for node, result in zip(backend._nodes, results, strict=True)
-            if not isinstance(result, Exception)
-        ]
+        self._subscribed = subscribed
         return slot
 
     async def __aexit__(
@@ -595,10 +604,12 @@ class _RedlockWaiter:
     ) -> None:
         assert self._slot is not None
         self._backend._hub.unregister(self._slot)
-        channel = self._channel
-        confirm = exc_type is not None
         subscribed, self._subscribed = self._subscribed, []
+        await self._unsubscribe(subscribed, confirm=exc_type is not None)
+
+    async def _unsubscribe(self, nodes: list[RedisBackend], *, confirm: bool) -> None:
+        channel = self._channel
         with contextlib.suppress(BackendError):
             await self._backend._each(
-                lambda node: node._subscriber.unsubscribe(channel, confirm=confirm), subscribed
+                lambda node: node._subscriber.unsubscribe(channel, confirm=confirm), nodes
             )

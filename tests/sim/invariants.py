@@ -9,7 +9,9 @@ every server event.
 3. When an operation ends (returned, raised, cancelled), nothing it took is still held on
    the server once a short give-back has passed (counted from the end of the last fault
    that touched its client; grants that landed after their own release are left to their
-   TTL), and the coordinator holds no lease of it.
+   TTL), the coordinator holds no lease of it, and none of its claims keeps a place in a
+   waiter line (a give-up leaves the queue whatever the moment: while subscribing,
+   waiting, or leaving the wait).
 4. A task we cancelled ends cancelled; no exception replaces the ``CancelledError``.
 5. Every request ends by its deadline; an acquire with a timeout ends within the timeout
    plus a bounded clean-up (two socket timeouts), pauses aside.
@@ -74,6 +76,7 @@ class OpRecord:
     cancels: int = 0  # task.cancel() calls that returned True
     claims: list[str] = field(default_factory=list)
     acquire_end: float | None = None
+    outer: bool = False  # its acquire ran under an asyncio.timeout of the caller's
 
 
 class Checker:
@@ -106,6 +109,10 @@ class Checker:
         self.limits: dict[str, int] = {}
         self._fence_seen: dict[str, int] = {}  # claim value -> fence checked
         self._pending: list[tuple[float, OpRecord]] = []
+        #: How soon after a give-up its places in waiter lines must be gone: a round
+        #: trip or two, well before a dead place would lapse on its own.
+        self.leave = give_back
+        self._lines: list[tuple[float, OpRecord]] = []
         self._late: list[tuple[float, Grant]] = []
         self.checks = 0
         server.on_grant = self._on_grant
@@ -168,6 +175,12 @@ class Checker:
         self._exclusive(self._leases(now))
         if self._late:
             self._check_late(now)
+        if self._lines:
+            due = [(t, op) for t, op in self._lines if t <= now]
+            if due:
+                self._lines = [(t, op) for t, op in self._lines if t > now]
+                for _, op in sorted(due, key=lambda item: (item[0], item[1].id)):
+                    self._left_the_line(op, now)
         while self._pending and self._pending[0][0] <= now:
             self._pending.sort(key=lambda item: (item[0], item[1].id))
             _, op = self._pending.pop(0)
@@ -232,6 +245,7 @@ class Checker:
         """Schedule the give-back check of an operation that just ended."""
         due = max(op.ended or 0.0, self.fault_end(op.client)) + self.give_back
         self._pending.append((due, op))
+        self._lines.append((max(op.ended or 0.0, self.fault_end(op.client)) + self.leave, op))
         self._pending.sort(key=lambda item: (item[0], item[1].id))
 
     def _give_back(self, op: OpRecord, now: float) -> None:
@@ -268,6 +282,29 @@ class Checker:
             f"op {op.id} ({op.kind} {op.name!r}, client c{op.client}) ended at "
             f"{op.ended:.6f} ({op.outcome}) but {', '.join(labels)} still held at {now:.6f} "
             f"(server: {len(left)}, coord.held: {len(lease_left)})",
+        )
+
+    def _left_the_line(self, op: OpRecord, now: float) -> None:
+        """Invariant 3 for waiter lines: an ended operation keeps no place in one."""
+        places = [
+            (name, until)
+            for name, value in sorted(self.server.attempted.get(op.id, ()))
+            if (until := self.server.queued(name, value)) is not None
+        ]
+        if not places:
+            return
+        if self.fault_end(op.client) >= op.started:
+            # A fault during or since the operation: a request to leave may have failed
+            # (it is not sent again), and the place lapses on its own.
+            return
+        if self.coords[op.client].closed:
+            return  # closing stops leaving; the place lapses on its own
+        name, until = places[0]
+        self.fail(
+            "3-queue",
+            f"op {op.id} ({op.kind} {op.name!r}, client c{op.client}) ended at "
+            f"{op.ended:.6f} ({op.outcome}) but still has a place in the line of "
+            f"{name!r} at {now:.6f} (lapsing at {until:.6f})",
         )
 
     def _check_late(self, now: float) -> None:

@@ -16,7 +16,10 @@ The mutants (see ``git log`` for the fixes):
 - ``election-cancel`` (8eba980): a campaign cancelled during its "elected" or
   "resigned" announcement leaves the lock without releasing it, a lease renewed forever;
 - ``grant-cancel`` (a2b8688): a grant that races a cancel while the wait is being left
-  (the waiter's exit suspends) is not given back.
+  (the waiter's exit suspends) is not given back;
+- ``giveup-exit`` (issue 14, item 8): a waiter whose exit from the wait is interrupted (a
+  second cancel as the first one's clean-up starts) does not leave the waiter queue in
+  the background; its place stays until it lapses.
 """
 
 from __future__ import annotations
@@ -112,8 +115,20 @@ MUTANTS = (
         (
             (
                 "_lock.py",
-                "            if granted:\n                coord._discard(claim, self.ttl)\n",
-                "            if granted:\n                pass  # the grant is dropped\n",
+                "            coord._discard(claim, self.ttl)\n"
+                "            raise\n        return result\n",
+                "            raise  # the grant is dropped\n        return result\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "giveup-exit",
+        "defect 4: a waiter cancelled again while leaving its wait keeps its place in line",
+        (
+            (
+                "_lock.py",
+                "                coord._leave(claim)\n                raise\n            raise\n",
+                "                raise\n            raise\n",
             ),
         ),
     ),

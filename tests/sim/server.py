@@ -98,6 +98,8 @@ class Server:
         )
         self.grants: dict[str, Grant] = {}
         self.released: dict[str, float] = {}  # claim value -> when a release of it ran
+        #: Per operation, the (name, claim value) of every acquire request it sent.
+        self.attempted: dict[int, set[tuple[str, str]]] = {}
         self.top_fence: dict[tuple[str, str], int] = {}
         #: Called on each grant (the invariant checks).
         self.on_grant: Callable[[Grant], None] = lambda _g: None
@@ -112,6 +114,7 @@ class Server:
         mem = self.mem
         if op == "acquire":
             claim, ttl, wait, op_id, label = args
+            self.attempted.setdefault(op_id, set()).add((claim.name, claim.value))
             attempt = run_sync(mem.try_acquire(claim, ttl, wait=wait))
             if attempt.fence is not None:
                 kind = "permit" if claim.limit else "lock"
@@ -235,6 +238,18 @@ class Server:
         if holder is None:
             return None
         return self.clock.real(holder.expires_at)
+
+    def queued(self, name: str, value: str) -> float | None:
+        """When ``value``'s live place in a waiter line of ``name`` lapses (virtual
+        time; a fair lock's queue, or a waiting writer's mark), or None if it has none."""
+        now = self.clock.now()
+        until = self.table.queues.get(name, {}).get(value)
+        writer = self.table.writer_waiting.get(name)
+        if writer is not None and writer[1] == value:
+            until = max(until or 0.0, writer[0])
+        if until is None or until <= now:
+            return None
+        return self.clock.real(until)
 
     def held_values(self) -> list[tuple[str, str, float]]:
         """Every unexpired holder: (name, claim value, expiry in virtual time)."""

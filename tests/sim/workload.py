@@ -6,13 +6,18 @@ of coordinators and workers, and each worker's operations: locks held with ``asy
 (fair or not, with or without a timeout, ``extend()`` with random TTLs while the watchdog
 renews), ``acquire()``/``release()``, semaphore permits, read-write locks, and election
 terms. Operations are cancelled at random moments, some of them right after one of their
-own requests left (so cancels land on suspension points), and a coordinator may be
-closed while its operations run.
+own requests left (so cancels land on suspension points), some twice in a row (the second
+cancel landing while the first one's clean-up is on its way), some acquires run under a
+short ``asyncio.timeout`` of the caller's (giving up between the first attempt and the
+wait, while subscribing or waiting), and a coordinator may be closed while its operations
+run, also right after an acquire request of one of them left (``aclose()`` racing a
+grant).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import hashlib
 import logging
@@ -104,6 +109,8 @@ class _Sim:
     def __init__(self, seed: int, *, keep: int, full_trace: bool) -> None:
         self.seed = seed
         rng = self.rng = random.Random(seed)
+        # The give-up knobs draw from their own stream: the rest of a seed's plan stays.
+        self.giveups = random.Random(seed * 104729 + 3)
         self.world = World()
         self.loop = SimLoop(self.world)
         self.record = _Recorder(self.world, keep, full_trace)
@@ -165,10 +172,14 @@ class _Sim:
             record=self.record,
         )
         self.checker.max_ttl = max(_TTLS)
+        self.checker.leave = cfg.socket_timeout + 2 * cfg.spike + 20 * latency + 0.05
         self.checker.limits["S"] = _SEM_LIMIT
         self.ops: list[OpRecord] = []
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.cancel_at_request: dict[int, tuple[str, int]] = {}
+        self.close_at: dict[int, float] = {}  # op id -> lag of aclose() after its acquire
+        self.closers: list[asyncio.Future[None]] = []
+        self.specs: dict[int, dict[str, Any]] = {}
         self.requests_of: dict[int, int] = {}
         self.max_ttl = max(_TTLS)
         self.main_task: asyncio.Task[None] | None = None
@@ -225,10 +236,24 @@ class _Sim:
                             "cancel_time": rng.uniform(0.0, 2.0 * hold + 0.3),
                             "cancel_req": rng.choice((1, 1, 1, 2, 2, 3, 5)),
                             "cancel_after": rng.choice(_CANCEL_AFTER),
+                            **self.give_up_plan(),
                         }
                     )
                 workers.append((client, ops))
         return workers
+
+    def give_up_plan(self) -> dict[str, Any]:
+        """An operation's give-ups beyond a plain cancel: a second cancel (``again``: that
+        long after the first), an ``asyncio.timeout`` around its acquire (``outer``),
+        closing its coordinator right after its first acquire request left (``close``)."""
+        draw = self.giveups
+        lag = 6 * self.cfg.latency
+        return {
+            # 0: the next loop step, as the first cancel's clean-up starts
+            "again": draw.choice((0.0, draw.uniform(0.0, lag))) if draw.random() < 0.3 else None,
+            "outer": draw.uniform(0.0, 2 * lag + 0.05) if draw.random() < 0.15 else None,
+            "close": draw.uniform(0.0, lag) if draw.random() < 0.02 else None,
+        }
 
     async def main(self) -> None:
         """Run the workload, let everything settle, check the end state, close all."""
@@ -247,6 +272,8 @@ class _Sim:
         await asyncio.gather(*runners)
         if closing is not None:
             await closing
+        for closer in self.closers:
+            await closer
         # Quiet: every fault over, every TTL run out, every give-back done.
         quiet = max([self.fault_end(c) for c in self.coords] + [self.world.now])
         await asyncio.sleep(quiet - self.world.now + self.max_ttl + self.give_back + 0.1)
@@ -277,30 +304,41 @@ class _Sim:
                 spec["timeout"],
             )
             self.ops.append(op)
+            self.specs[op.id] = spec
+            if spec["close"] is not None:
+                self.close_at[op.id] = spec["close"]
             task = asyncio.create_task(self.run_op(op, spec), name=f"op{op.id}")
             self.tasks[op.id] = task
             roll = spec["cancel"]
             if roll < 0.2:
-                self.loop.call_at(self.world.now + spec["cancel_time"], self.cancel, op)
+                self.loop.call_at(
+                    self.world.now + spec["cancel_time"], self.cancel, op, spec["again"]
+                )
             elif roll < 0.45:
                 self.cancel_at_request[op.id] = (spec["cancel_after"], spec["cancel_req"])
             await asyncio.wait([task])
             self.op_done(op, task)
 
-    def cancel(self, op: OpRecord) -> None:
-        """Cancel an operation's task (from outside it)."""
+    def cancel(self, op: OpRecord, again: float | None = None) -> None:
+        """Cancel an operation's task (from outside it); ``again``: once more that long
+        after (while the first cancel's clean-up is on its way)."""
         task = self.tasks[op.id]
         if task.cancel():
             op.cancels += 1
             self.record("cancel", f"op {op.id}")
+            if again is not None:
+                self.loop.call_at(self.world.now + again, self.cancel, op)
 
     def on_request(self, op_id: int, kind: str) -> None:
         """A request of operation ``op_id``'s own task left: maybe cancel it soon after
         (within a few one-way delays: while it, or what follows it, is on its way)."""
-        if op_id < 0 or op_id not in self.cancel_at_request:
+        if op_id < 0 or (op_id not in self.cancel_at_request and op_id not in self.close_at):
             return
         task = self.tasks.get(op_id)
         if task is None or asyncio.current_task() is not task:
+            return
+        self.close_at_request(op_id, kind)
+        if op_id not in self.cancel_at_request:
             return
         after, nth = self.cancel_at_request[op_id]
         if after not in ("any", kind):
@@ -309,7 +347,26 @@ class _Sim:
         if count == nth:
             del self.cancel_at_request[op_id]
             lag = self.rng.uniform(0.0, 4.0 * latency_of(self.cfg))
-            self.loop.call_at(self.world.now + lag, self.cancel, self.ops[op_id])
+            again = self.specs[op_id]["again"]
+            self.loop.call_at(self.world.now + lag, self.cancel, self.ops[op_id], again)
+
+    def close_at_request(self, op_id: int, kind: str) -> None:
+        """Close the operation's coordinator soon after its first acquire request left:
+        ``aclose()`` racing the grant."""
+        if kind != "acquire" or op_id not in self.close_at:
+            return
+        lag = self.close_at.pop(op_id)
+        client = self.ops[op_id].client
+        if not self.coords[client].closed:
+            self.loop.call_at(
+                self.world.now + lag,
+                lambda: self.closers.append(asyncio.ensure_future(self.close_now(client))),
+            )
+
+    async def close_now(self, client: int) -> None:
+        self.record("aclose", f"c{client} closes as a grant may land")
+        await self.coords[client].aclose()
+        self.record("aclose", f"c{client} closed")
 
     async def run_op(self, op: OpRecord, spec: dict[str, Any]) -> None:
         """One operation, as the user would write it."""
@@ -342,11 +399,17 @@ class _Sim:
             lock = rw.write() if spec["write"] else rw.read()
         else:
             lock = coord.lock(op.name, fair=spec["fair"], **common)
+        outer: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
+        if spec["outer"] is not None:
+            op.outer = True
+            outer = asyncio.timeout(spec["outer"])
         if kind == "manual":
             try:
-                lease = await lock.acquire()
+                async with outer:
+                    lease = await lock.acquire()
             finally:
                 op.acquire_end = self.world.now
+            self.check_open(op, coord, lease)
             try:
                 await self.body(op, spec, lease)
             finally:
@@ -356,12 +419,25 @@ class _Sim:
                     self.record("release", f"op {op.id}: {type(exc).__name__}")
             return
         try:
-            async with lock as lease:
+            async with outer, lock as lease:
+                if isinstance(outer, asyncio.Timeout):
+                    outer.reschedule(None)  # it bounds the acquire, not the body
                 op.acquire_end = self.world.now
+                self.check_open(op, coord, lease)
                 await self.body(op, spec, lease)
         finally:
             if op.acquire_end is None:
                 op.acquire_end = self.world.now
+
+    def check_open(self, op: OpRecord, coord: Coordinator, lease: Lease) -> None:
+        """No lease comes back held from a coordinator that was closed (it would never
+        be renewed or released): the acquire must give the grant back and raise."""
+        if coord.closed and lease.held:
+            self.checker.fail(
+                "6-aclose",
+                f"op {op.id} got a held lease ({self.backends[op.client].label(lease._claim)}) "
+                "from a closed coordinator",
+            )
 
     async def body(self, op: OpRecord, spec: dict[str, Any], lease: Lease) -> None:
         """Hold the lease for a while, extending it now and then."""
@@ -384,7 +460,8 @@ class _Sim:
         else:
             exc = task.exception()
             op.outcome = "ok" if exc is None else type(exc).__name__
-            if exc is not None and not isinstance(exc, LockError):
+            outer = op.outer and isinstance(exc, TimeoutError)  # the caller's own timeout
+            if exc is not None and not isinstance(exc, LockError) and not outer:
                 self.checker.fail(
                     "4-exception",
                     f"op {op.id} ({op.kind}) raised {exc!r}",

@@ -1,0 +1,310 @@
+"""Give-ups on real Redis/Valkey: a waiter that gives up leaves the server's queue and its
+channel whatever the moment, an acquire ends by its deadline while subscribing, and
+``aclose()`` racing grants leaves nothing held.
+
+The checks read the server's state once everything the give-ups started has finished
+(the coordinator's and the backend's background tasks, then a PING through the same
+pipelined connection, which answers after every request sent before it): no timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import redis.asyncio as aredis
+
+import asynclock
+from asynclock.backends import Attempt, Claim, RedisBackend
+from asynclock.backends.redis import _Subscriber
+from asynclock.testing.proxy import FaultProxy
+from tests.conftest import eventually, redis_backend
+
+
+async def _settled(coord: asynclock.Coordinator) -> RedisBackend:
+    """Wait until every give-back and give-up of ``coord`` has finished on the server."""
+    backend = redis_backend(coord)
+    waiters = getattr(backend, "_tasks", ())  # give-ups leaving the wait
+    assert await eventually(lambda: not coord._tasks and not waiters, within=15.0)
+    await backend._link.execute("PING")  # after every request that went out before it
+    return backend
+
+
+async def _queued(backend: RedisBackend, name: str) -> list[object]:
+    """The waiter queue of ``name`` on the server (dead places included)."""
+    return list(await backend.client.zrange(backend.keys(name).queue, 0, -1))
+
+
+def _subscribed(backend: RedisBackend) -> dict[str, int]:
+    """Channels some waiter still holds a reference to (0: lingering, nobody's)."""
+    return {ch: refs for ch, refs in backend._subscriber._refs.items() if refs > 0}
+
+
+class TestGiveUpsLeaveTheQueue:
+    @pytest.mark.parametrize("steps", [0, 1, 2, 3])
+    async def test_a_cancel_while_leaving_the_wait_still_leaves(
+        self, redis_coord: asynclock.Coordinator, steps: int
+    ) -> None:
+        """A waiter cancelled twice: the second cancel lands while its exit from the
+        wait is on its way (as a timeout firing while a LockTimeout leaves does). Its
+        place in the queue stayed until it lapsed (a free fair lock refused everyone
+        for up to ``retry.maximum + 1 s``) and its channel stayed subscribed for good."""
+        coord = redis_coord
+        holder = await coord.lock("f", ttl=30, fair=True).acquire()
+        waiting = asyncio.create_task(coord.lock("f", ttl=30, fair=True).acquire())
+        backend = redis_backend(coord)
+        assert await eventually(lambda: len(coord._waiting) == 1)  # subscribed, waiting
+        waiting.cancel()
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await _settled(coord)
+        assert await _queued(backend, "f") == []
+        assert _subscribed(backend) == {}
+        await holder.release()
+        async with coord.lock("f", ttl=30, fair=True, timeout=0):
+            pass  # free, and nobody dead ahead in the queue
+
+    @pytest.mark.parametrize("seed", range(3))
+    async def test_many_give_ups_at_random_moments_leave_nothing_queued(
+        self, redis_coord: asynclock.Coordinator, seed: int
+    ) -> None:
+        """Waiters of a fair lock under ``asyncio.timeout`` of 0-30 ms, some also timing
+        out themselves, some cancelled from outside, once or twice a few loop steps
+        apart (the second cancel lands while the first one's exit is on its way): once their
+        give-ups finished, the queue is empty, no channel is held, and the free lock is
+        taken at once by a try-once."""
+        coord = redis_coord
+        rng = random.Random(seed)
+        holder = await coord.lock("f", ttl=30, fair=True).acquire()
+
+        async def waiter(limit: float, own: float | None) -> None:
+            async with asyncio.timeout(limit):
+                await coord.lock("f", ttl=30, fair=True, timeout=own).acquire()
+
+        async def give_up() -> None:
+            limit = rng.uniform(0.0, 0.03)
+            task = asyncio.create_task(waiter(limit, rng.choice((None, limit, limit / 2))))
+            await asyncio.sleep(rng.uniform(0.0, limit))
+            for _ in range(rng.choice((0, 1, 2, 2))):  # cancelled from outside, maybe twice
+                task.cancel()
+                for _ in range(rng.choice((0, 1, 1, 2))):
+                    await asyncio.sleep(0)
+            with pytest.raises((asyncio.CancelledError, TimeoutError, asynclock.LockTimeout)):
+                await task
+
+        # Subscribed already (as on a busy lock): give-ups land in the wait, not only
+        # while subscribing.
+        anchor = asyncio.create_task(coord.lock("f", ttl=30, fair=True).acquire())
+        assert await eventually(lambda: len(coord._waiting) == 1)
+        await asyncio.gather(*(give_up() for _ in range(100)))
+        anchor.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await anchor
+        backend = await _settled(coord)
+        assert await _queued(backend, "f") == []
+        assert _subscribed(backend) == {}
+        await holder.release()
+        async with coord.lock("f", ttl=30, fair=True, timeout=0):
+            pass
+
+
+class TestDeadlineDuringAnAttempt:
+    async def test_the_give_back_of_an_attempt_stopped_by_the_deadline_does_not_poll(
+        self, asynclock_redis_url: str, namespace: str
+    ) -> None:
+        """The deadline stops an attempt on its way (a slow link): on the pipelined
+        connection that is a cancel like any other, so the give-back (release, and leave
+        the queue it may have joined) follows the attempt in order and is done. It was
+        taken for a request that could overtake its give-back, and looked again for
+        ``ttl`` plus the socket timeout (35 s here): a task per timed-out waiter."""
+        async with (
+            FaultProxy.from_url(asynclock_redis_url) as proxy,
+            asynclock.connect(asynclock_redis_url, prefix=namespace) as other,
+            asynclock.connect(proxy.url_for(asynclock_redis_url), prefix=namespace) as coord,
+        ):
+            holder = await other.lock("x", ttl=30).acquire()
+            await coord.inspect("x")  # connected
+            proxy.set_latency(0.1)
+            with pytest.raises(asynclock.LockTimeout, match="did not answer in time"):
+                await coord.lock("x", ttl=30, timeout=0.05, fair=True).acquire()
+            proxy.heal()
+            backend = await _settled(coord)
+            assert await _queued(backend, "x") == []
+            await holder.release()
+
+
+class TestSubscribingKeepsToTheDeadline:
+    @pytest.mark.parametrize("fair", [False, True])
+    async def test_an_unconfirmed_subscribe_ends_at_the_deadline(
+        self, asynclock_redis_url: str, namespace: str, fair: bool
+    ) -> None:
+        """The server stops answering between the first attempt and the subscription:
+        ``acquire(timeout=0.5)`` ends with LockTimeout by its deadline (it waited the
+        socket timeout, 5 s, and raised BackendError), and leaves the queue once the
+        server answers again."""
+        async with (
+            FaultProxy.from_url(asynclock_redis_url) as proxy,
+            asynclock.connect(asynclock_redis_url, prefix=namespace) as other,
+        ):
+
+            class CutAfterFirstAttempt(RedisBackend):
+                async def try_acquire(
+                    self, claim: Claim, ttl: float, *, wait: float | None = 0.0
+                ) -> Attempt:
+                    attempt = await super().try_acquire(claim, ttl, wait=wait)
+                    proxy.blackhole()  # the subscriber's connection gets no answer
+                    return attempt
+
+            holder = await other.lock("x", ttl=30).acquire()
+            backend = CutAfterFirstAttempt.from_url(
+                proxy.url_for(asynclock_redis_url), prefix=namespace
+            )
+            coord = asynclock.Coordinator(backend)
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            try:
+                with pytest.raises(asynclock.LockTimeout):
+                    await coord.lock("x", ttl=30, timeout=0.5, fair=fair).acquire()
+                took = loop.time() - began
+            finally:
+                proxy.heal()
+            assert took < 3.0, f"ended {took:.2f}s after it began (timeout 0.5 s)"
+            await _settled(coord)
+            assert await _queued(backend, "x") == []
+            await coord.aclose()
+            await holder.release()
+
+
+@pytest.mark.parametrize("kind", ["redis", "redlock"])
+async def test_aclose_racing_grants_leaves_nothing_held(
+    request: pytest.FixtureRequest, namespace: str, kind: str
+) -> None:
+    """``aclose()`` while acquires are on their way (at many different moments): no
+    lease comes back held, and no lock of those names is left on the server (a grant
+    that landed as the coordinator closed stayed for its whole TTL)."""
+    if kind == "redis":
+        urls = [request.getfixturevalue("asynclock_redis_url")]
+        target: str | list[str] = urls[0]
+    else:
+        urls = request.getfixturevalue("asynclock_redlock_urls")
+        target = urls
+    rng = random.Random(7)
+    clients = [aredis.from_url(url) for url in urls]
+    other = asynclock.connect(target, prefix=namespace)
+    returned_held: list[asynclock.Lease] = []
+    try:
+        for trial in range(40):
+            coord = asynclock.connect(target, prefix=namespace)
+            await coord.inspect("warm-up")  # connected: requests leave at once
+            names = [f"n{trial}.{i}" for i in range(6)]
+            holders = [await other.lock(name, ttl=60).acquire() for name in names[:3]]
+            tasks = [
+                asyncio.create_task(
+                    coord.lock(name, ttl=60, timeout=rng.choice((None, 0, 5))).acquire()
+                )
+                for name in names
+            ]
+            for holder in holders:  # waiters are granted around the close
+                asyncio.get_running_loop().call_soon(asyncio.ensure_future, holder.release())
+            for _ in range(rng.randrange(12)):
+                await asyncio.sleep(0)
+            await coord.aclose()
+            for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(outcome, asynclock.Lease) and outcome.held:
+                    returned_held.append(outcome)
+                elif isinstance(outcome, BaseException):
+                    assert isinstance(outcome, asynclock.LockError), repr(outcome)
+            left = [
+                (name, ttl)
+                for client in clients
+                for name in names
+                if (ttl := await client.pttl(f"{namespace}:{{{name}}}")) != -2
+            ]
+            assert left == [], f"trial {trial}: locks left on the server after aclose()"
+        assert returned_held == []
+    finally:
+        await other.aclose()
+        for client in clients:
+            await client.aclose()
+
+
+class TestRedlockWaitersLeaveTheirChannels:
+    """Redlock waiters do not queue, but they subscribe on every node: a give-up drops
+    every node's reference, whatever the moment."""
+
+    @staticmethod
+    def _held(coord: asynclock.Coordinator) -> list[dict[str, int]]:
+        backend = coord.backend
+        assert isinstance(backend, asynclock.backends.RedlockBackend)
+        return [_subscribed(node) for node in backend.nodes]
+
+    @staticmethod
+    def _confirmed(coord: asynclock.Coordinator) -> int:
+        """Nodes whose server confirmed a waiter's SUBSCRIBE."""
+        backend = coord.backend
+        assert isinstance(backend, asynclock.backends.RedlockBackend)
+        subscribers = [node._subscriber for node in backend.nodes]
+        return sum(
+            1
+            for sub in subscribers
+            if isinstance(sub, _Subscriber)
+            for ready in sub._ready.values()
+            if ready.done() and not ready.cancelled() and ready.exception() is None
+        )
+
+    @staticmethod
+    async def _settled(coord: asynclock.Coordinator) -> None:
+        backend = coord.backend
+        assert isinstance(backend, asynclock.backends.RedlockBackend)
+        assert await eventually(lambda: not coord._tasks and not backend._tasks, within=15.0)
+
+    @pytest.mark.parametrize("steps", [1])
+    async def test_a_cancel_while_leaving_the_wait_still_unsubscribes(
+        self, asynclock_redlock_urls: list[str], namespace: str, steps: int
+    ) -> None:
+        async with (
+            asynclock.connect(asynclock_redlock_urls, prefix=namespace) as other,
+            asynclock.connect(asynclock_redlock_urls, prefix=namespace) as coord,
+        ):
+            holder = await other.lock("r", ttl=30).acquire()
+            waiting = asyncio.create_task(coord.lock("r", ttl=30).acquire())
+            assert await eventually(lambda: len(coord._waiting) == 1)
+            waiting.cancel()
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            await self._settled(coord)
+            assert self._held(coord) == [{}] * 5
+            await holder.release()
+
+    async def test_a_cancel_while_a_slow_node_subscribes_unsubscribes_the_others(
+        self, asynclock_redlock_urls: list[str], namespace: str
+    ) -> None:
+        """Cancelled while one slow node had yet to confirm its SUBSCRIBE: the four that
+        had confirmed kept their reference, and the channel subscribed, for good."""
+        urls = asynclock_redlock_urls
+        async with (
+            FaultProxy.from_url(urls[0]) as proxy,
+            asynclock.connect(urls, prefix=namespace) as other,
+            asynclock.connect(
+                [proxy.url_for(urls[0]), *urls[1:]], prefix=namespace, node_timeout=2.0
+            ) as coord,
+        ):
+            holder = await other.lock("r", ttl=30).acquire()
+            await coord.inspect("r")  # connected
+            proxy.set_latency(0.3)  # node 0 confirms its SUBSCRIBE 0.6 s late
+            waiting = asyncio.create_task(coord.lock("r", ttl=30).acquire())
+            assert await eventually(lambda: self._confirmed(coord) == 4)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            proxy.heal()
+            await self._settled(coord)
+            assert self._held(coord) == [{}] * 5
+            await holder.release()
