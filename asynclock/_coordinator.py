@@ -206,12 +206,28 @@ class Coordinator:
         elif not isinstance(retry, Backoff):
             raise TypeError(f"retry must be an asynclock.Backoff, got {type(retry).__name__}")
         return {
-            "ttl": check_ttl(ttl),
+            "ttl": self._check_validity(check_ttl(ttl)),
             "timeout": check_timeout(timeout),
             "renew": flags[0],
             "cancel_on_lost": flags[1],
             "retry": retry,
         }
+
+    def _check_validity(self, ttl: float) -> float:
+        """``ttl`` if a lease of it has local validity on this backend, else ValueError.
+
+        A lease is believed valid for ``ttl - drift(ttl)``: with nothing left, every grant
+        would be given back as too late and a waiting acquire would retry forever.
+        """
+        backend = self._backend
+        if ttl - backend.drift(ttl) <= 0:
+            least = backend.drift_base / (1 - backend.drift_factor)
+            raise ValueError(
+                f"ttl must be more than {least * 1000:.2f} ms on {backend.describe()}: a "
+                f"lease of {ttl!r} s has no local validity left after the drift allowance "
+                f"(ttl * {backend.drift_factor:g} + {backend.drift_base * 1000:g} ms)"
+            )
+        return ttl
 
     def _require(self, flag: str, what: str) -> None:
         if not getattr(self._backend, flag):
@@ -235,6 +251,7 @@ class Coordinator:
         candidate (default ``host:pid:random``); ``retry``: the backoff between attempts.
         """
         name, seconds, who = check_election(name, ttl, identity)
+        self._check_validity(seconds)
         if retry is not None and not isinstance(retry, Backoff):
             raise TypeError(f"retry must be an asynclock.Backoff, got {type(retry).__name__}")
         return Election(self, name, ttl=seconds, identity=who, retry=retry or _DEFAULT_RETRY)

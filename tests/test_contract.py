@@ -346,6 +346,18 @@ class TestBadInput:
         with pytest.raises(ValueError, match="ttl"):
             coord.lock("x", ttl=ttl)
 
+    @pytest.mark.parametrize("ttl", [0.001, 0.002])
+    async def test_ttl_within_the_drift_allowance_is_value_error(
+        self, coord: asynclock.Coordinator, ttl: float
+    ) -> None:
+        """A lease of 1-2 ms has no local validity after the default drift allowance (2 ms
+        + 1 %): every grant would be given back and a waiting acquire retried forever."""
+        with pytest.raises(ValueError, match="no local validity"):
+            coord.lock("x", ttl=ttl)
+        with pytest.raises(ValueError, match="no local validity"):
+            coord.election("x", ttl=ttl)
+        coord.lock("x", ttl=0.003)  # 0.97 ms of validity: allowed
+
     @pytest.mark.parametrize("ttl", ["10", None, True, [1]])
     async def test_ttl_of_wrong_type_is_type_error(
         self, coord: asynclock.Coordinator, ttl: object

@@ -94,11 +94,12 @@ _LONG_SECTIONS = 0.05
 # replica promoted, a session killed): two holders may then believe at once, and only
 # the fence keeps the resource safe. Overlaps in time inside their windows are counted
 # apart (``tolerated``), as the documented limits, not as violations.
-_LOSES_LOCKS = frozenset({"kill", "kill_master", "failover"})
-# Per backend, when it differs. On PostgreSQL a session's locks end with its connection
-# (terminated, or cut off by the worker's proxy), and the holder hears of it as the
-# connection ends (asyncpg's termination listener): no gap to tolerate there.
-_LOSES_LOCKS_ON: dict[str, frozenset[str]] = {}
+_LOSES_LOCKS = frozenset({"kill", "kill_master", "failover", "terminate"})
+# On PostgreSQL a session's locks end with its connection (terminated, or cut off by the
+# worker's proxy). The server frees them as the session ends, the holder hears of it as
+# its connection ends (asyncpg's termination listener) and its body is cancelled: a gap
+# of a few milliseconds, no longer up to ttl/3, in which a waiter's grant can land.
+_LOSES_LOCKS_ON = {"postgres": _LOSES_LOCKS | {"isolate"}}
 # Give-ups: the share of attempts made with a short timeout (1-50 ms), and the share
 # cancelled at a random moment: during the first attempt, during the wait (which may land
 # on the grant itself), or inside the body once granted (in a write, a pause, the release).
@@ -974,15 +975,15 @@ class _Worker:
     def _stopped(
         self, coord: Any, name: str, fence: int, holder: str, plan: _GiveUp | None
     ) -> None:
-        """A body left by an exception: if a give-up cancel or the coordinator's close
-        ended it, the holder believes no more from now (from the close: its leases ended
-        there), and it counts apart from the sections that should have completed."""
+        """A body left by an exception (a loss's cancel, a give-up cancel, the
+        coordinator's close): the holder writes and believes no more from now (from the
+        close: its leases ended there). A give-up or a close counts apart from the
+        sections that should have completed."""
         closed = self.closed_at.get(coord.identity)
-        if closed is None and not (plan is not None and plan.fired):
-            return  # a loss: the history judges the belief the holder wrote down
         at = time.time() if closed is None else min(closed, time.time())
         self.summary.ends.append([name, fence, holder, at])
-        self.summary.interrupted += 1
+        if closed is not None or (plan is not None and plan.fired):
+            self.summary.interrupted += 1
 
     async def _section(
         self, log: Any, lease: Any, holder: str, op: str, *, stall: bool = True
