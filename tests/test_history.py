@@ -16,9 +16,11 @@ import asynclock
 from asynclock import LockLost
 from asynclock.testing.history import (
     Ack,
+    Entry,
     FencedLog,
     FenceRejected,
     Grant,
+    Kind,
     check,
     check_grants,
     dump_acks,
@@ -406,3 +408,22 @@ class TestAcrossProcesses:
         victim = acks[1][4]
         remaining = [entry for entry in entries if entry.id != victim.id]
         assert check(remaining, *acks).lost == (victim,)
+
+
+def test_late_ok_excuses_a_late_write_but_not_an_entry_or_a_known_loss() -> None:
+    """An ``op`` decided with the lease expired (its loop resumed the body late) is a
+    violation by default, budgeted with ``late_ok``; a section entered with its lease
+    expired, or a write decided once the loss was known, stays a violation."""
+
+    def entry(seq: int, kind: Kind, state: str) -> Entry:
+        return Entry(seq, f"e{seq}", 10, "A", "x", kind, True, time=100.0 + seq, state=state)
+
+    late_op = [entry(1, "start", "held"), entry(2, "op", "expired"), entry(3, "end", "expired")]
+    assert [v.kind for v in check(late_op).violations] == ["write-after-loss"] * 2
+    report = check(late_op, late_ok=True)
+    assert report.violations == ()
+    assert report.late_writes == 2
+    late_entry = [entry(1, "start", "expired"), entry(2, "end", "held")]
+    assert [v.kind for v in check(late_entry, late_ok=True).violations] == ["write-after-loss"]
+    known = [entry(1, "start", "held"), entry(2, "op", "lost")]
+    assert [v.kind for v in check(known, late_ok=True).violations] == ["write-after-loss"]

@@ -1454,6 +1454,19 @@ class _Verdict:
     budget_details: list[str] = field(default_factory=list)
 
 
+def _budget_late_writes(verdict: _Verdict, name: str, count: int) -> None:
+    """Writes decided after the lease expired, before its loss reached the body (its
+    event loop resumed it late): stale, like a stalled holder's, so budgeted."""
+    if not count:
+        return
+    verdict.budgeted += count
+    if len(verdict.budget_details) < 10:
+        verdict.budget_details.append(
+            f"{name}: {count} write(s) decided after the lease expired, before its loss "
+            "was delivered (a late event loop)"
+        )
+
+
 async def _check(
     history_url: str,
     namespace: str,
@@ -1495,7 +1508,11 @@ async def _check(
                 for item_name, fence, holder, at in s.ends
                 if item_name == name
             ]
-            report = check(entries, *acks, exclusive=False, last_seq=last_seq, ended=ended)
+            # late_ok: a write its body decided after a loop stall that outlasted the
+            # lease, before the loss reached it, is the fence's to order (budgeted).
+            report = check(
+                entries, *acks, exclusive=False, last_seq=last_seq, ended=ended, late_ok=True
+            )
             by_seq = {entry.seq: entry for entry in entries}
 
             def in_lossy(at: float) -> bool:
@@ -1507,6 +1524,7 @@ async def _check(
             verdict.budgeted += sum(
                 not entry.accepted and not in_lossy(entry.time) for entry in entries
             )
+            _budget_late_writes(verdict, name, report.late_writes)
             victims: set[int] = set()  # a section cut off counts once, however many
             for fenced in report.fenced_off:  # sections went in meanwhile
                 times = [by_seq[q].time for q in fenced.seqs if q in by_seq]

@@ -51,7 +51,11 @@ union of any number of such lists.
     widen the comparison by how far their clocks may be apart);
 (e) no write after a loss is accepted: an entry whose writer said its lease was already
     ``lost`` or ``expired`` when it decided to write is a violation when accepted (and
-    counted in :attr:`Report.writes_after_loss` either way);
+    counted in :attr:`Report.writes_after_loss` either way). With ``late_ok``, an
+    ``expired`` one that is not its section's first entry is counted in
+    :attr:`Report.late_writes` instead: a body its event loop resumed after a stall
+    longer than the lease's validity runs until its next ``await`` before the loss is
+    delivered there (the fence orders such a write before any newer holder's);
 (f) nothing missing at the end: given the resource's own count of writes
     (``last_seq``), the log must reach it.
 
@@ -448,6 +452,8 @@ class Report:
     fenced_off: tuple[Violation, ...]
     writes_after_loss: int = 0
     """Entries (accepted or not) whose writer knew its lease lost or expired."""
+    late_writes: int = 0
+    """Accepted ``expired`` entries excused by ``late_ok`` (see (e))."""
 
     @property
     def ok(self) -> bool:
@@ -515,6 +521,7 @@ def check(
     exclusive: bool = True,
     last_seq: int | None = None,
     ended: Iterable[tuple[int, str, float]] = (),
+    late_ok: bool = False,
 ) -> Report:
     """Check a history (entries in any order; sorted by ``seq``) against the union of
     the clients' ``acknowledged`` lists. See the module docstring for what is checked;
@@ -523,7 +530,8 @@ def check(
     ``["seq"]``), which the log must reach. ``ended``: ``(fence, holder, time)`` of
     sections whose writer stopped believing without writing an ``end`` entry (its body
     was cancelled, or its lease ended when its client closed) at client ``time``; for
-    (d) such a section believes until then at the latest, as one with an ``end``."""
+    (d) such a section believes until then at the latest, as one with an ``end``.
+    ``late_ok``: see (e)."""
     log = sorted(entries, key=lambda e: e.seq)
     acks: dict[str, Ack] = {}
     for group in acknowledged:
@@ -532,6 +540,11 @@ def check(
     violations = _fences_backwards(log) + _gaps(log, last_seq)
     violations += _believers(log, ended)
     after_loss = [entry for entry in log if entry.state in ("lost", "expired")]
+    late = [
+        entry
+        for entry in after_loss
+        if late_ok and entry.accepted and entry.state == "expired" and entry.kind != "start"
+    ]
     violations += [
         Violation(
             "write-after-loss",
@@ -540,7 +553,7 @@ def check(
             (entry.seq,),
         )
         for entry in after_loss
-        if entry.accepted
+        if entry.accepted and entry not in late
     ]
     spans, strays = _sections(log)
     violations += strays
@@ -562,6 +575,7 @@ def check(
         lost=tuple(lost),
         fenced_off=tuple(fenced_off),
         writes_after_loss=len(after_loss),
+        late_writes=len(late),
     )
 
 
