@@ -402,9 +402,8 @@ class Coordinator:
     def _leave(self, claim: Claim) -> None:
         """Leave the waiter queue ``claim`` joined, in the background (a waiter that
         stopped before it could wait: its place would keep others out until it lapses).
-        Not once closing began: the backend is going, and the place lapses."""
-        if not self._closed:
-            self._spawn(self._leave_task(claim), name=f"asynclock-leave:{claim.name}")
+        Also while closing: aclose() waits for it (bounded) before closing the backend."""
+        self._spawn(self._leave_task(claim), name=f"asynclock-leave:{claim.name}")
 
     async def _leave_task(self, claim: Claim) -> None:
         try:
@@ -431,15 +430,26 @@ class Coordinator:
         polls = Backoff(initial=0.05, maximum=min(1.0, max(ttl / 4, 0.05)), jitter=False)
         attempt = looks = 0
         while True:
+            # While closing, a try may take what aclose() grants its background work: a
+            # slow link must not turn a give-back into a lock or a queue place left on
+            # the server (aclose() cancels what is still running after that).
+            closing = self._closed
             try:
-                async with asyncio.timeout(per_try):
-                    released = await backend.release(claim)
-                    if in_flight and not released:
-                        await backend.leave(claim)
+                async with asyncio.timeout(_CLOSE_TIMEOUT if closing else per_try):
+                    if in_flight:
+                        # The attempt may also have joined the waiter queue: leave it in
+                        # the same round trip (after the release, on a pipelined link).
+                        released, _ = await asyncio.gather(
+                            backend.release(claim), backend.leave(claim)
+                        )
+                    else:
+                        released = await backend.release(claim)
             except (BackendError, TimeoutError) as exc:
                 delay = backoff.delay(attempt)
                 attempt += 1
-                if self._closed or loop.time() + delay >= max(give_up, look_until):
+                if self._closed and not closing:
+                    continue  # closing began during this try: one more, with its bound
+                if closing or loop.time() + delay >= max(give_up, look_until):
                     # Closing: one failed try is enough, the TTL ends what is left.
                     logger.info(
                         "could not release %r on the server (%s); its TTL ends it", claim.name, exc

@@ -308,3 +308,34 @@ class TestRedlockWaitersLeaveTheirChannels:
             await self._settled(coord)
             assert self._held(coord) == [{}] * 5
             await holder.release()
+
+
+class TestCloseOverASlowLink:
+    @pytest.mark.parametrize("fair", [False, True])
+    @pytest.mark.parametrize("delay", [0.05, 0.2])
+    async def test_aclose_after_give_ups_leaves_no_place_behind(
+        self, asynclock_redis_url: str, namespace: str, fair: bool, delay: float
+    ) -> None:
+        """Over a link with 150 ms latency each way, half of 8 waiters give up and the
+        coordinator closes at once: each give-back (a release, and leaving the queue its
+        attempt may have joined) takes two round trips, longer than one try's bound.
+        Every place must be gone once aclose() returned, not left to lapse."""
+        direct = asynclock.connect(asynclock_redis_url, prefix=namespace)
+        raw = redis_backend(direct)
+        async with direct, FaultProxy.from_url(asynclock_redis_url) as proxy:
+            holder = await direct.lock("x", ttl=30, fair=fair).acquire()
+            proxy.set_latency(0.15)
+            coord = asynclock.connect(proxy.url_for(asynclock_redis_url), prefix=namespace)
+            waiters = [
+                asyncio.create_task(coord.lock("x", ttl=1, fair=fair).acquire()) for _ in range(8)
+            ]
+            await asyncio.sleep(delay)
+            for task in waiters[:4]:
+                task.cancel()
+            await coord.aclose()
+            await asyncio.gather(*waiters, return_exceptions=True)
+            owner = coord.identity
+            queued = [p.decode() for p in await _queued(raw, "x") if isinstance(p, bytes)]
+            places = [p for p in queued if p.endswith(owner)]
+            assert places == [], f"{len(places)} places of the closed coordinator left"
+            await holder.release()
