@@ -37,9 +37,9 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import pytest
@@ -48,6 +48,7 @@ import asynclock
 from asynclock import Backoff, Coordinator, Lease, LockTimeout
 from asynclock._lock import Lock
 from asynclock.backends import PostgresBackend
+from asynclock.integrations import _hold
 from asynclock.testing import ClusterSetup, SentinelSetup
 from asynclock.testing.proxy import FaultProxy
 
@@ -81,7 +82,7 @@ class Op:
 
     name: str
     kind: str  # lock | fair | semaphore | read | write | election
-    action: str  # acquire | with | release | extend | leadership | run
+    action: str  # acquire | with | hold | release | extend | leadership | run | observe
     contended: bool = False
     warm: bool = True
     retry: Backoff = RETRY
@@ -107,6 +108,8 @@ OPS = (
     Op("election.leadership", "election", "leadership"),
     Op("election.leadership(wait)", "election", "leadership", contended=True),
     Op("election.run", "election", "run"),
+    Op("election.observe", "election", "observe"),
+    Op("integration.lock", "lock", "hold"),  # the web integrations' lock dependency
     Op("semaphore.async_with", "semaphore", "with"),
     Op("semaphore.acquire(wait)", "semaphore", "acquire", contended=True),
     Op("rwlock.read.async_with", "read", "with"),
@@ -178,6 +181,11 @@ async def perform(coord: Coordinator, op: Op, name: str, lease: Lease | None) ->
             with phase("body"):
                 await asyncio.sleep(0)
         return None
+    if op.action == "hold":
+        async with _hold(coord, name, ttl=TTL, timeout=None):
+            with phase("body"):
+                await asyncio.sleep(0)
+        return None
     if op.action == "release":
         assert lease is not None
         await lease.release()
@@ -186,11 +194,25 @@ async def perform(coord: Coordinator, op: Op, name: str, lease: Lease | None) ->
         assert lease is not None
         await lease.extend(TTL * 2 / 3)  # a new TTL: PostgreSQL's other heartbeat
         return None
+    return await perform_election(coord, op, name)
+
+
+async def perform_election(coord: Coordinator, op: Op, name: str) -> object:
+    """The election operations of :func:`perform`."""
     election = election_of(coord, name)
     if op.action == "leadership":
         async with election.leadership():
             with phase("body"):
                 await asyncio.sleep(0)
+        return None
+    if op.action == "observe":
+        # An async generator (typed as an iterator): closed here, not when collected.
+        observer = cast(AsyncGenerator[str | None, None], election.observe())
+        try:
+            async for _ in observer:
+                break  # the current leader (none)
+        finally:
+            await observer.aclose()  # stops listening: more suspensions
         return None
 
     async def callback(term: asynclock.Term) -> None:
@@ -653,7 +675,7 @@ async def test_cancelled_at_every_point_leaves_nothing(
     result = await sweep(env, op, safe_name(op.name))
     _report(env, op, result, record_property)
     assert not result.failures + result.swallowed, "\n".join(result.failures + result.swallowed)
-    if env.label != "memory" or op.action not in ("acquire", "release", "extend"):
+    if env.label != "memory" or op.action not in ("acquire", "release", "extend", "observe"):
         assert result.points > 0, f"{op.name} never suspended on {env.label}"
 
 
