@@ -360,6 +360,29 @@ class TestDsns:
         assert "s3cr3t" not in str(raised.value)
         assert raised.value.__cause__ is None
 
+    @pytest.mark.parametrize(
+        "dsn",
+        [
+            "postgresql://app:2024/Secret@127.0.0.1/app",
+            "postgresql://app:/Secret@127.0.0.1/app",
+            "postgresql://app:1,h2:2/Secret@127.0.0.1/app",
+            "postgresql://app:4242?Secret@127.0.0.1/app",
+        ],
+    )
+    async def test_a_password_the_grammar_reads_as_a_host_and_port(self, dsn: str) -> None:
+        """A password whose first part looks like a port (``app:2024/Secret@…``): URL
+        grammar makes ``app:2024`` the host list and the rest a path, so the description
+        showed the password. It is read up to the last ``@`` instead: the host is
+        127.0.0.1, and nothing of the password shows."""
+        coord = asynclock.connect(dsn)
+        try:
+            text = f"{coord!r} {coord.backend.describe()}"
+            assert "127.0.0.1/app" in text
+            for part in ("Secret", "2024", "4242", "h2:2"):
+                assert part not in text
+        finally:
+            await coord.aclose()
+
     async def test_pool_of_the_application_with_an_odd_dsn(self) -> None:
         """A pool of the application's: described from its DSN, never with a password."""
         pool = asyncpg.create_pool("postgresql://app:pa@ss@h1:5432,h2/db", min_size=0)

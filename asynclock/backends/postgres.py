@@ -182,7 +182,10 @@ def _split_dsn(dsn: str) -> tuple[str, str, str, str] | None:
         parts = urlsplit(dsn)
     except ValueError:
         parts = None
-    if parts is not None and parts.scheme and not parts.fragment:
+    # An "@" after the host list means the grammar cut a password at a raw "/" or "?"
+    # ("app:2024/Secret@host": host "app", port 2024): read it leniently instead.
+    strict = parts is not None and "@" not in parts.path + parts.query
+    if parts is not None and strict and parts.scheme and not parts.fragment:
         auth, at, hostspec = parts.netloc.partition("@")
         if not at:
             auth, hostspec = "", parts.netloc
