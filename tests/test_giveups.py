@@ -339,3 +339,53 @@ class TestCloseOverASlowLink:
             places = [p for p in queued if p.endswith(owner)]
             assert places == [], f"{len(places)} places of the closed coordinator left"
             await holder.release()
+
+
+class TestLeavingKeepsTheCallersTime:
+    async def test_a_timeout_is_not_held_back_by_a_silent_server(
+        self, asynclock_redis_url: str, namespace: str
+    ) -> None:
+        """The server stops answering while a waiter waits: its LockTimeout comes at its
+        deadline, not a socket timeout (5 s) later while its leave waits for a reply."""
+        direct = asynclock.connect(asynclock_redis_url, prefix=namespace)
+        async with direct, FaultProxy.from_url(asynclock_redis_url) as proxy:
+            holder = await direct.lock("n", ttl=30).acquire()
+            coord = asynclock.connect(proxy.url_for(asynclock_redis_url), prefix=namespace)
+            try:
+                loop = asyncio.get_running_loop()
+                began = loop.time()
+                task = asyncio.create_task(coord.lock("n", ttl=30, timeout=2.0).acquire())
+                assert await eventually(lambda: len(coord._waiting) == 1, within=5)
+                proxy.blackhole()
+                with pytest.raises(asynclock.LockTimeout):
+                    await task
+                took = loop.time() - began
+                assert took < 3.5, f"LockTimeout after {took:.1f}s for a 2 s timeout"
+            finally:
+                proxy.heal()
+                await coord.aclose()
+                await holder.release()
+
+    async def test_aclose_over_a_slow_link_leaves_no_stray_cancel(
+        self, asynclock_redis_url: str, namespace: str
+    ) -> None:
+        """aclose() while a waiter leaves over a slow link (its leave outlasts aclose()'s
+        wait for acquires in flight, and is then cancelled): the waiter ends with
+        CoordinatorClosed, not a CancelledError nobody asked for."""
+        direct = asynclock.connect(asynclock_redis_url, prefix=namespace)
+        async with direct, FaultProxy.from_url(asynclock_redis_url) as proxy:
+            holder = await direct.lock("n", ttl=30).acquire()
+            coord = asynclock.connect(proxy.url_for(asynclock_redis_url), prefix=namespace)
+            await coord.inspect("n")  # connected before the link slows down
+            proxy.set_latency(1.5)
+            task = asyncio.create_task(coord.lock("n", ttl=30, timeout=60).acquire())
+            raw = redis_backend(direct)
+            async with asyncio.timeout(15):
+                while not await _queued(raw, "n"):  # noqa: ASYNC110 - polls the server
+                    await asyncio.sleep(0.05)
+            await coord.aclose()
+            results = await asyncio.gather(task, return_exceptions=True)
+            assert not task.cancelled(), "a cancel nobody asked for"
+            assert isinstance(results[0], asynclock.CoordinatorClosed), results
+            proxy.set_latency(0)
+            await holder.release()

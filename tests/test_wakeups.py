@@ -328,3 +328,25 @@ class TestSyncReplicas:
             assert loop.time() - began < 4.0
             assert redis_backend(b).subscribed() == []
             await holder.release()
+
+
+class TestResentAcquire:
+    @pytest.mark.parametrize("fair", [False, True])
+    async def test_a_stale_copy_never_shortens_an_extended_lease(
+        self, redis_coord: asynclock.Coordinator, fair: bool
+    ) -> None:
+        """A copy of the acquire that granted a lease lands after its owner extended it
+        (redis-py's Cluster client sends a timed-out command again): "already ours"
+        renews the key, but must not cut it back to the acquire's ttl while the owner
+        counts on the extension (another client took the lock 5 s in, with ~52 s of
+        local validity left)."""
+        coord = redis_coord
+        backend = redis_backend(coord)
+        lease = await coord.lock("resent", ttl=5, fair=fair).acquire()
+        await lease.extend(60)
+        again = await backend.try_acquire(lease._claim, 5.0, wait=0)  # the stale copy
+        assert again.fence == lease.fence
+        pttl = await backend.client.pttl(backend.keys("resent").lock)
+        assert pttl > 55_000, f"the server keeps the lock {pttl} ms; the owner counts on 60 s"
+        assert lease.expires_in > 55
+        await lease.release()

@@ -289,7 +289,11 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   -- Renewed to a full ttl from now (its sender counts the lease from the retry), which is
   -- also a write: a WAIT after it (sync_replicas) on the retry's connection counts only
   -- replicas that have the key, not those that merely have that connection's (no) writes.
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  -- Never shortened: a stale copy (a client library's own resend, landing late) must not
+  -- cut the expiry of a lease its owner has extended since.
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
   if queued then
     leave(KEYS[3], KEYS[4], ARGV[1])
   end
@@ -336,7 +340,9 @@ ACQUIRE_FAIR = Script(
     + """
 local stay = tonumber(ARGV[4])
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])  -- a retry of a granted request: see ACQUIRE
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])  -- a retry of a granted request: see ACQUIRE
+  end
   leave(KEYS[3], KEYS[4], ARGV[1])
   local fence = tonumber(redis.call('GET', KEYS[2]) or 0)
   if fence > 0 then

@@ -843,6 +843,10 @@ class RedisBackend(Backend):
         return self._subscriber.channels()
 
 
+# How long a waiter that gives up waits for its leave (the queue and the wake-up channel)
+# before it goes on in the background.
+_LEAVE_WAIT = 0.2
+
 # Replies of shard channels (Cluster), handled as their plain counterparts.
 _SHARD_KINDS = frozenset(("smessage", "ssubscribe", "sunsubscribe"))
 
@@ -1084,14 +1088,22 @@ class _Waiter:
         leaving = backend._tasks.spawn(
             self._leave(slot.tag), name=f"asynclock-leave-wait:{self._keys.channel}"
         )
-        await asyncio.shield(leaving)
+        # Waited for a moment (one round trip, normally), not longer: the caller's
+        # deadline and cancel come first (a server that stopped answering held a
+        # LockTimeout back by a socket timeout). The leave goes on in the background,
+        # owned by the backend, which aclose() waits for (bounded); were aclose() to
+        # cancel it, that is no cancel of the caller's.
+        await asyncio.wait({leaving}, timeout=_LEAVE_WAIT)
 
     async def _leave(self, value: str) -> None:
         backend = self._backend
-        await asyncio.gather(
-            backend._dequeue(self._keys, value),
-            backend._subscriber.unsubscribe(self._inbox, confirm=True),
-        )
+        try:
+            await asyncio.gather(
+                backend._dequeue(self._keys, value),
+                backend._subscriber.unsubscribe(self._inbox, confirm=True),
+            )
+        except BackendError as exc:  # best effort: the place lapses by itself
+            logger.debug("leaving the wait on %s failed: %s", self._keys.channel, exc)
 
 
 class _Listener:
