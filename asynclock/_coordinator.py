@@ -48,6 +48,8 @@ _SCHEMES = (
 )
 # How long aclose() waits for releases and clean-ups still in flight.
 _CLOSE_TIMEOUT = 5.0
+# The least local validity a lease may have (see Coordinator._check_validity).
+_MIN_VALIDITY = 0.001
 
 
 class Coordinator:
@@ -214,18 +216,21 @@ class Coordinator:
         }
 
     def _check_validity(self, ttl: float) -> float:
-        """``ttl`` if a lease of it has local validity on this backend, else ValueError.
+        """``ttl`` if a lease of it keeps at least 1 ms of local validity on this backend,
+        else ValueError.
 
-        A lease is believed valid for ``ttl - drift(ttl)``: with nothing left, every grant
-        would be given back as too late and a waiting acquire would retry forever.
+        A lease is believed valid for ``ttl - drift(ttl)``: with (next to) nothing left,
+        every grant would come too late to hand over and be given back, and a waiting
+        acquire would retry forever (thousands of commands a second).
         """
         backend = self._backend
-        if ttl - backend.drift(ttl) <= 0:
-            least = backend.drift_base / (1 - backend.drift_factor)
+        if ttl - backend.drift(ttl) < _MIN_VALIDITY:
+            least = (backend.drift_base + _MIN_VALIDITY) / (1 - backend.drift_factor)
             raise ValueError(
-                f"ttl must be more than {least * 1000:.2f} ms on {backend.describe()}: a "
-                f"lease of {ttl!r} s has no local validity left after the drift allowance "
-                f"(ttl * {backend.drift_factor:g} + {backend.drift_base * 1000:g} ms)"
+                f"ttl must be at least {least * 1000:.2f} ms on {backend.describe()}: a "
+                f"lease of {ttl!r} s keeps less than {_MIN_VALIDITY * 1000:g} ms of local "
+                f"validity after the drift allowance (ttl * {backend.drift_factor:g} + "
+                f"{backend.drift_base * 1000:g} ms)"
             )
         return ttl
 

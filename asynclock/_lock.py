@@ -170,7 +170,7 @@ class Lease:
         with ``cancel_on_lost`` the body of ``async with`` is cancelled), ``BackendError``
         if the server could not be reached (the lease stays held; the watchdog retries).
         """
-        new_ttl = self.ttl if ttl is None else check_ttl(ttl)
+        new_ttl = self.ttl if ttl is None else self._coord._check_validity(check_ttl(ttl))
         while True:  # checked again after waiting: the lease may have ended meanwhile
             if self._state is not _HELD:
                 raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; cannot extend")
