@@ -16,9 +16,9 @@
  *   P_WRITES  accepted writes of two holders never interleave (fenced resource)
  *   P_FENCE   fences of successive grants strictly increase (also across a restart)
  *   P_VALID   a client never believes validity past the server's expiry for it
- *   P_STALE   a stale release or extend never succeeds
+ *   P_STALE   a release or extend succeeds only on the key its client acquired (ghost)
  * Mutants (-D): M_NO_FLOOR, M_WRONG_TTL, M_NO_LOWER, M_AFTER_REPLY, M_RELEASE_NO_OWNER,
- *   M_EXTEND_NO_OWNER, M_ACQUIRE_NO_NX
+ *   M_EXTEND_NO_OWNER, M_ACQUIRE_NO_NX, M_SHARED_TOKEN, M_RELEASE_NO_ASSUME
  */
 
 #ifndef NC
@@ -41,7 +41,7 @@
 #define DRIFT 0
 #define INF 255
 
-mtype = { IDLE, ASKING, HELD };
+mtype = { IDLE, ASKING, HELD, RELEASING };
 mtype = { NONE, SENT, ANSWERED };
 
 /* server */
@@ -58,6 +58,7 @@ byte res_tok = 0;
 
 /* ghost */
 byte last_fence = 0;
+byte key_who = 0;       /* the client (index + 1) whose ACQUIRE set the key */
 
 #define LIVE(t) (key_tok == (t) && key_exp > now)
 
@@ -85,6 +86,7 @@ typedef Client {
     byte vu;            /* Lease._valid_until */
     byte floor = INF;   /* Lease._ttl_floor */
     bool valid;         /* still believes it holds (body running) */
+    bool pending;       /* its release failed: no longer renewed or extended */
     /* the one extend request in flight */
     mtype rq = NONE;
     byte rq_start;
@@ -106,7 +108,8 @@ inline extend_script(i, t, ok) {
     ok = LIVE(c[i].tok);
 #endif
 #ifdef P_STALE
-    assert(!ok || LIVE(c[i].tok));
+    /* stronger than the guard: the key it extends is the one this client acquired */
+    assert(!ok || key_who == i + 1);
 #endif
     if
     :: ok -> key_exp = now + t
@@ -115,7 +118,7 @@ inline extend_script(i, t, ok) {
 }
 
 inline forget(i) {
-    c[i].valid = false; c[i].vu = 0; c[i].ttl = 0; c[i].floor = INF
+    c[i].pending = false; c[i].valid = false; c[i].vu = 0; c[i].ttl = 0; c[i].floor = INF
 }
 
 inline clear_rq(i) {
@@ -123,13 +126,17 @@ inline clear_rq(i) {
 }
 
 proctype client(byte i) {
-    byte f, t;
-    bool ok;
+    byte f, t, sent;
+    bool ok, ran;
 end:
     do
     /* acquire: start taken before the request leaves; the script runs later */
     :: atomic { c[i].st == IDLE && c[i].n < ACQ ->
+#ifdef M_SHARED_TOKEN
+        c[i].n++; c[i].tok = c[i].n; c[i].st = ASKING;   /* every client the same tokens */
+#else
         c[i].n++; c[i].tok = i * ACQ + c[i].n; c[i].st = ASKING;
+#endif
         c[i].rq_start = now; c[i].ttl = LONG; c[i].floor = INF; c[i].stray_ttl = 0 }
         /* ... the ACQUIRE script, atomically on the server, some ticks later */
         atomic {
@@ -140,7 +147,7 @@ end:
             if
             :: !(key_tok != 0 && key_exp > now) ->
 #endif
-                key_tok = c[i].tok; key_exp = now + LONG;
+                key_tok = c[i].tok; key_exp = now + LONG; key_who = i + 1;
                 next_fence(f); c[i].fence = f; ok = true
             :: else -> ok = false
             fi
@@ -174,12 +181,12 @@ end:
 
 #if RENEW
     /* a renewal (Watchdog._send): asks for the ttl the lease has now */
-    :: atomic { i == 0 && c[i].st == HELD && c[i].valid && c[i].rq == NONE ->
+    :: atomic { i == 0 && c[i].st == HELD && c[i].valid && !c[i].pending && c[i].rq == NONE ->
         c[i].rq = SENT; c[i].rq_start = now; c[i].rq_ttl = c[i].ttl; c[i].rq_ext = false }
 
     /* extend(SHORT) / extend(LONG) (Lease.extend): waits for the request in flight;
        a shorter TTL lowers the validity before the request leaves */
-    :: atomic { i == 0 && c[i].st == HELD && c[i].valid && c[i].rq == NONE ->
+    :: atomic { i == 0 && c[i].st == HELD && c[i].valid && !c[i].pending && c[i].rq == NONE ->
         if
         :: t = SHORT
         :: t = LONG
@@ -241,23 +248,57 @@ end:
         extend_script(i, c[i].stray_ttl, ok); c[i].stray_ttl = 0; ok = false }
 #endif
 
-    /* release (after the body, or by a holder that paused past its lease): the lease
-       counts as over once the request leaves; the RELEASE script compares the token */
+#if RENEW
+    /* release (after the body, or by a holder that paused past its lease): the request
+       leaves (_release_once: sent = now); the lease keeps its validity until the reply */
     :: atomic { c[i].st == HELD && c[i].rq == NONE ->
-        forget(i);
+        c[i].st = RELEASING; sent = now; ran = false }
+
+    /* the RELEASE script runs on the server: compare-and-delete (or the request is lost:
+       the reply then never comes, see below) */
+    :: atomic { c[i].st == RELEASING && !ran ->
+        ran = true;
 #ifdef M_RELEASE_NO_OWNER
         ok = (key_tok != 0 && key_exp > now);
 #else
         ok = LIVE(c[i].tok);
 #endif
 #ifdef P_STALE
-        assert(!ok || LIVE(c[i].tok));
+        assert(!ok || key_who == i + 1);
 #endif
         if
         :: ok -> key_tok = 0; key_exp = 0
         :: else -> skip
         fi;
+        ok = false }
+
+    /* no reply (timeout, broken connection; the script may have run or not): the lease
+       stays held ("release pending"), no longer renewed or extended, with no validity
+       from the moment the request left (_assume(sent, 0)); a later release (the
+       background clean-up) tries again */
+    :: atomic { c[i].st == RELEASING ->
+#ifndef M_RELEASE_NO_ASSUME
+        c[i].vu = MIN(c[i].vu, sent - DRIFT);
+#endif
+        c[i].st = HELD; c[i].pending = true; sent = 0; ran = false }
+
+    /* the reply (released, or not ours): the lease ends */
+    :: atomic { c[i].st == RELEASING && ran ->
+        forget(i); sent = 0; ran = false;
+#else
+    /* release (after the body, or by a holder that paused past its lease), in one step:
+       without renewals (RENEW=0: the P_WRITES / P_FENCE runs) the client's validity
+       plays no part, and a release that is late or lost is one that happens later or
+       never (the key lapses) */
+    :: atomic { c[i].st == HELD && c[i].rq == NONE ->
+        forget(i);
+        ok = LIVE(c[i].tok);
+        if
+        :: ok -> key_tok = 0; key_exp = 0
+        :: else -> skip
+        fi;
         ok = false;
+#endif
         c[i].st = IDLE; c[i].fence = 0; c[i].tok = 0 }
     od
 }
@@ -272,6 +313,7 @@ end:
 }
 
 #ifdef P_VALID
+bool valid_until_reply_or_expiry_kept = false;  /* names the assertion in pan's report */
 /* invariant 1: while a client believes it holds, the server keeps its key that long */
 active proctype monitor() {
     byte j;
@@ -290,7 +332,7 @@ end:
           && (!(c[2].st == HELD && c[2].valid && now < c[2].vu) ||
            (key_tok == c[2].tok && key_exp >= c[2].vu))
 #endif
-        ) -> assert(false)
+        ) -> assert(valid_until_reply_or_expiry_kept)
     }
 }
 #endif

@@ -20,7 +20,7 @@
  * dead waiter around, at most STAY + RECHECK ticks: the recheck bound); P_ORDER (with
  * FAIR) the lock is granted in arrival order among live waiters.
  * Mutants (-D): M_WAKE_EARLY, M_SUB_AFTER, M_DEQUEUE_NO_PASS, M_NO_LAPSE, M_BARGE,
- *   M_REJOIN_BACK
+ *   M_REJOIN_BACK, M_DEQUEUE_NO_HEAD (DEQUEUE does not wake the new first waiter)
  */
 
 #ifndef W
@@ -28,7 +28,7 @@
 #endif
 #define P (W + 2)       /* ids 0 (none), 1 holder, 2 .. W+1 waiters */
 #ifndef TMAX
-#define TMAX 8
+#define TMAX 10
 #endif
 #ifndef FAIR
 #define FAIR 0
@@ -40,8 +40,10 @@
 #define GIVEUPS 1       /* waiters that give up */
 #endif
 #define TTL 3
-#define RECHECK 1       /* retry.maximum: the longest sleep between attempts */
-#define STAY 2          /* a place lapses this long after the last attempt (RECHECK + margin) */
+#ifndef RECHECK
+#define RECHECK 3       /* retry.maximum: the longest sleep between attempts */
+#endif
+#define STAY (RECHECK + 1) /* a place lapses this long after the last attempt (RECHECK + margin) */
 
 mtype = { SUB, TRY, SLEEP, HOLD, GONE, DEAD };
 
@@ -182,14 +184,24 @@ end:
             key_tok = w; key_exp = now + TTL; leave(w); st[w] = HOLD; subscribed[w] = false
         :: else ->
             join(w);
-            /* sleep until woken, the holder's TTL ends (or, fair, the first waiter's
-               place lapses), or the recheck step passes */
+            /* sleep until woken, or the recheck step passes; only the first live
+               waiter is told the holder's remaining TTL (ACQUIRE: "only the first
+               waiter comes back when the lease ends"; the others get 0); fair, a lock
+               that is free but promised to the first waiter: until its place lapses */
             left = RECHECK;
+#if FAIR
             if
-            :: !FREE && key_exp - now < left -> left = key_exp - now
+            :: !FREE && (t == 0 || t == w) && key_exp - now < left -> left = key_exp - now
             :: FREE && t != 0 && due[t] > now && due[t] - now < left -> left = due[t] - now
             :: else -> skip
             fi;
+#else
+            next_waiter(t);
+            if
+            :: !FREE && t == w && key_exp - now < left -> left = key_exp - now
+            :: else -> skip
+            fi;
+#endif
             until[w] = now + left; st[w] = SLEEP
 #ifdef M_SUB_AFTER
             ; if
@@ -205,18 +217,32 @@ end:
     :: atomic { st[w] == SLEEP && (woken[w] || now >= until[w]) ->
         woken[w] = false; until[w] = 0; st[w] = TRY }
     /* gives up (timeout, cancel): unsubscribes and leaves the queue; DEQUEUE passes the
-       wake-up on when the lock is free */
+       wake-up on when the lock is free, and wakes the new first waiter when the first
+       one leaves a held lock (it sleeps on its recheck step, not the holder's TTL) */
     :: atomic { (st[w] == SLEEP || st[w] == TRY) && giveups < GIVEUPS ->
         giveups++; st[w] = GONE; subscribed[w] = false; woken[w] = false; until[w] = 0;
         if
         :: inq[w] ->
+            /* the head of the queue (ZRANGE 0 0: lapsed or not) before leaving */
+            t = 0;
+            for (v : 2 .. P - 1) {
+                if
+                :: inq[v] && (t == 0 || score[v] < score[t]) -> t = v
+                :: else -> skip
+                fi
+            }
+            v = 0;
             leave(w);
 #ifndef M_DEQUEUE_NO_PASS
             if
             :: FREE -> wake_next()
-            :: else -> skip
-            fi
+#ifndef M_DEQUEUE_NO_HEAD
+            :: !FREE && t == w -> wake_next()
 #endif
+            :: else -> skip
+            fi;
+#endif
+            t = 0
         :: else -> skip
         fi }
     /* dies: its place stays in the queue until it lapses */
@@ -239,8 +265,8 @@ active proctype clock() {
     byte v;
 end:
     do
-    :: atomic { now < TMAX && !releasing && QUIET(2) && QUIET(3) && QUIET(4)
-        ->
+    :: atomic { now < TMAX && !releasing && QUIET(2) && QUIET(3) && QUIET(4) && QUIET(5) &&
+        QUIET(6) ->
         for (v : 2 .. P - 1) {
             if
             :: st[v] == SLEEP && FREE -> fa[v]++
@@ -263,6 +289,7 @@ end:
 init {
     byte k;
     atomic {
+        assert(W >= 1 && W <= 5);   /* the clock's QUIET(2) .. QUIET(6) */
         for (k : 2 .. P - 1) {
             st[k] = SUB
         }
