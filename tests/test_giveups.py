@@ -387,5 +387,9 @@ class TestLeavingKeepsTheCallersTime:
             results = await asyncio.gather(task, return_exceptions=True)
             assert not task.cancelled(), "a cancel nobody asked for"
             assert isinstance(results[0], asynclock.CoordinatorClosed), results
+            # ... and the leave it started finished before aclose() returned.
+            owner = coord.identity
+            places = [p for p in await _queued(raw, "n") if p.decode().endswith(owner)]  # type: ignore[attr-defined]
+            assert places == [], f"{len(places)} places of the closed coordinator left"
             proxy.set_latency(0)
             await holder.release()

@@ -796,7 +796,9 @@ class RedisBackend(Backend):
         return _Listener(self._subscriber, self.topic_channel(topic))
 
     async def aclose(self) -> None:
-        await self._tasks.close(1.0)  # give-ups on their way out of the queue
+        # Give-ups on their way out of the queue (each bounded by the socket timeout): a
+        # waiter waits for its leave only briefly, so closing is where they finish.
+        await self._tasks.close(5.0)
         await self._subscriber.aclose()
         await self._link.aclose()
         if self._owns_client:
@@ -1036,7 +1038,7 @@ class _ClusterLink:
 
     async def aclose(self) -> None:
         self._closed = True
-        await self._tasks.close(1.0)
+        await self._tasks.close(5.0)
 
 
 class _Waiter:
@@ -1560,7 +1562,7 @@ class _Subscriber:
         self._ready.clear()
         self._refs.clear()
         self._connection_lost(closed)
-        await self._tasks.close(1.0)
+        await self._tasks.close(5.0)
         if cancelled is not None:
             raise cancelled
 
@@ -1779,4 +1781,4 @@ class _ShardedSubscriber:
         self._closed = True
         for subscriber in list(self._nodes.values()):
             await subscriber.aclose()
-        await self._tasks.close(1.0)  # resubscribes: they fail now, closed
+        await self._tasks.close(5.0)  # resubscribes: they fail now, closed
