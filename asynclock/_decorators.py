@@ -101,13 +101,7 @@ def singleton(
                 await lock.__aenter__()
             except LockTimeout:
                 return None  # someone else is at it
-            try:
-                result = await fn(*args, **kwargs)
-            except BaseException as exc:
-                await leave(lock, exc)  # may raise LockLost
-                raise
-            await leave(lock, None)
-            return result
+            return await _run_held(lock, fn, args, kwargs)
 
         return call
 
@@ -128,17 +122,25 @@ def locked(
         async def call(*args: P.args, **kwargs: P.kwargs) -> R:
             lock = coord.lock(name_for(args, kwargs), ttl=ttl, timeout=timeout)
             await lock.__aenter__()
-            try:
-                result = await fn(*args, **kwargs)
-            except BaseException as exc:
-                await leave(lock, exc)  # may raise LockLost
-                raise
-            await leave(lock, None)
-            return result
+            return await _run_held(lock, fn, args, kwargs)
 
         return call
 
     return decorate
+
+
+async def _run_held(
+    lock: Lock, fn: Callable[..., Awaitable[R]], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> R:
+    """Run ``fn`` in ``lock``'s block (entered by this task), then leave it: the call's
+    outcome wins over a failed release (see :func:`leave`)."""
+    try:
+        result = await fn(*args, **kwargs)
+    except BaseException as exc:
+        await leave(lock, exc)  # may raise LockLost
+        raise
+    await leave(lock, None)
+    return result
 
 
 async def leave(lock: Lock, exc: BaseException | None) -> None:

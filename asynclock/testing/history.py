@@ -769,11 +769,10 @@ def _gaps(log: Sequence[Entry], last_seq: int | None = None) -> list[Violation]:
     for entry in log:
         if entry.seq > expected:
             first, last = expected, entry.seq - 1
-            span = f"entry {first}" if first == last else f"entries {first}..{last}"
             found.append(
                 Violation(
                     "gap",
-                    f"{span} missing from the log: removed after the write",
+                    f"{_span(first, last)} missing from the log: removed after the write",
                     tuple(range(first, last + 1))[:_SHOWN],
                 )
             )
@@ -787,15 +786,19 @@ def _gaps(log: Sequence[Entry], last_seq: int | None = None) -> list[Violation]:
             )
         expected = max(expected, entry.seq + 1)
     if last_seq is not None and last_seq >= expected:
-        span = f"entry {expected}" if expected == last_seq else f"entries {expected}..{last_seq}"
         found.append(
             Violation(
                 "gap",
-                f"{span} missing at the end of the log (the resource counted {last_seq} writes)",
+                f"{_span(expected, last_seq)} missing at the end of the log (the resource "
+                f"counted {last_seq} writes)",
                 tuple(range(expected, last_seq + 1))[:_SHOWN],
             )
         )
     return found
+
+
+def _span(first: int, last: int) -> str:
+    return f"entry {first}" if first == last else f"entries {first}..{last}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
