@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 import pytest
 import redis.asyncio as aredis
@@ -29,6 +30,17 @@ async def _settled(coord: asynclock.Coordinator) -> RedisBackend:
     assert await eventually(lambda: not coord._tasks and not waiters, within=15.0)
     await backend._link.execute("PING")  # after every request that went out before it
     return backend
+
+
+async def cancel_twice(task: asyncio.Task[Any], steps: int) -> None:
+    """Cancel ``task``, then again ``steps`` loop steps later (while its first cancel's
+    clean-up is on its way); it must end cancelled."""
+    task.cancel()
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
 
 async def _queued(backend: RedisBackend, name: str) -> list[object]:
@@ -55,12 +67,7 @@ class TestGiveUpsLeaveTheQueue:
         waiting = asyncio.create_task(coord.lock("f", ttl=30, fair=True).acquire())
         backend = redis_backend(coord)
         assert await eventually(lambda: len(coord._waiting) == 1)  # subscribed, waiting
-        waiting.cancel()
-        for _ in range(steps):
-            await asyncio.sleep(0)
-        waiting.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
+        await cancel_twice(waiting, steps)
         await _settled(coord)
         assert await _queued(backend, "f") == []
         assert _subscribed(backend) == {}
@@ -273,12 +280,7 @@ class TestRedlockWaitersLeaveTheirChannels:
             holder = await other.lock("r", ttl=30).acquire()
             waiting = asyncio.create_task(coord.lock("r", ttl=30).acquire())
             assert await eventually(lambda: len(coord._waiting) == 1)
-            waiting.cancel()
-            for _ in range(steps):
-                await asyncio.sleep(0)
-            waiting.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await waiting
+            await cancel_twice(waiting, steps)
             await self._settled(coord)
             assert self._held(coord) == [{}] * 5
             await holder.release()
@@ -360,7 +362,8 @@ class TestLeavingKeepsTheCallersTime:
                 with pytest.raises(asynclock.LockTimeout):
                     await task
                 took = loop.time() - began
-                assert took < 3.5, f"LockTimeout after {took:.1f}s for a 2 s timeout"
+                # Before: 2 s + the socket timeout (5 s); the slack is for a loaded machine.
+                assert took < 4.5, f"LockTimeout after {took:.1f}s for a 2 s timeout"
             finally:
                 proxy.heal()
                 await coord.aclose()

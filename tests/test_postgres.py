@@ -55,11 +55,18 @@ def backend_of(coord: asynclock.Coordinator) -> PostgresBackend:
 async def advisory_rows(pool: asyncpg.Pool, key: int | None = None) -> list[asyncpg.Record]:
     """Granted or waiting advisory locks (bigint form) in this database, of ``key``."""
     async with pool.acquire() as conn:
-        rows: list[asyncpg.Record] = await conn.fetch(
-            "SELECT pid, classid, objid, granted FROM pg_locks "
-            "WHERE locktype = 'advisory' AND objsubid = 1 "
-            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        )
+        return await advisory_rows_on(conn, key)
+
+
+async def advisory_rows_on(
+    conn: asyncpg.Connection, key: int | None = None
+) -> list[asyncpg.Record]:
+    """:func:`advisory_rows`, asked on ``conn``."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        "SELECT pid, classid, objid, granted FROM pg_locks "
+        "WHERE locktype = 'advisory' AND objsubid = 1 "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
     if key is None:
         return rows
     classid, objid = lock_ids(key)

@@ -17,9 +17,9 @@ import asynclock
 from asynclock import BackendError, LockTimeout
 from asynclock.backends import PostgresBackend
 from asynclock.backends.base import Attempt, Claim
-from asynclock.postgres import lock_ids
 
 from .conftest import eventually
+from .test_postgres import advisory_rows_on as advisory_rows
 
 RoleDsn = Callable[..., Awaitable[str]]
 
@@ -65,19 +65,6 @@ async def role_dsn(
         )
         await admin.execute(f'DROP SEQUENCE IF EXISTS "{sequence}"')
         await admin.execute(f'DROP ROLE "{role}"')
-
-
-async def advisory_rows(conn: asyncpg.Connection, key: int | None = None) -> list[asyncpg.Record]:
-    """Advisory locks (bigint form) of this database, granted or waited for; of ``key``."""
-    rows: list[asyncpg.Record] = await conn.fetch(
-        "SELECT pid, classid, objid, granted FROM pg_locks "
-        "WHERE locktype = 'advisory' AND objsubid = 1 "
-        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-    )
-    if key is None:
-        return rows
-    classid, objid = lock_ids(key)
-    return [r for r in rows if (r["classid"], r["objid"]) == (classid, objid)]
 
 
 async def eventually_clean(admin: asyncpg.Connection, within: float = 5.0) -> bool:
