@@ -74,7 +74,7 @@ FaultKind = Literal[
     "latency",  # the proxy delays every chunk by `latency` seconds for `duration`
     "reset",  # the proxy resets every open connection (clients reconnect)
     "stall",  # a worker blocks its own event loop for `duration` (time.sleep) while holding
-    "terminate",  # PostgreSQL: pg_terminate_backend of every session holding an advisory lock
+    "terminate",  # PostgreSQL: pg_terminate_backend of every advisory lock holder (3 shots)
     "failover",  # Sentinel: SENTINEL FAILOVER; Cluster: CLUSTER FAILOVER on a replica
     "kill_master",  # Sentinel/Cluster: SIGKILL the master, wait for a promotion, restart it
     "isolate",  # cut one worker off the server (its proxy resets and refuses) for `duration`
@@ -111,6 +111,8 @@ _GIVEUP_PHASES = ("attempt", "wait", "body")
 # of faults that must show an effect (a close would end the leases the fault must make
 # lost), and not in the last seconds of the run.
 _CLOSE_EVERY = (2.0, 6.0)
+# A terminate fault shoots this many times (see _Faults._terminate).
+_TERMINATE_SHOTS = 3
 # How long after a coordinator closed its sessions may still show on the server
 # (PostgreSQL ends a closed connection's backend asynchronously). On Redis nothing can
 # give back anything once aclose() returned: a lock key or a live queue place of the
@@ -1187,9 +1189,10 @@ async def _spawn_worker(
 
 def _close_plan(sc: Scenario, worker: int) -> list[float]:
     """When worker ``worker`` closes its coordinator (seconds after the start): every
-    2-6 s, outside the windows of faults that must show an effect (from half a second
-    before to TTL + 0.5 s after, 4 s more where clients find a new master, the stall's
-    own wait) and before the last 1.5 s."""
+    2-6 s, outside the windows of faults that must show an effect (from a second before,
+    time for a close to end on a loaded machine, to TTL + 0.5 s after, 4 s more where
+    clients find a new master, the stall's own wait, a terminate's later shots) and
+    before the last 1.5 s."""
     rng = random.Random()  # noqa: S311 - jitter, not secrets
     busy = []
     for fault in sc.faults:
@@ -1202,7 +1205,9 @@ def _close_plan(sc: Scenario, worker: int) -> list[float]:
             end += 4.0
         if fault.kind == "stall":
             end += 1.0 + sc.ttl * 1.5
-        busy.append((fault.at - 0.5, end))
+        if fault.kind == "terminate":
+            end += 0.25 * (_TERMINATE_SHOTS - 1)
+        busy.append((fault.at - 1.0, end))
     plan: list[float] = []
     at = rng.uniform(0.5, 2.0)
     while at < sc.duration - 1.5:
@@ -1324,8 +1329,18 @@ class _Faults:
         await asyncio.sleep(1.0 + self.sc.ttl * 1.5)
 
     async def _terminate(self, fault: Fault) -> None:
+        """Terminate every session holding an advisory lock, in a few shots 0.25 s apart.
+
+        One shot can land when the only holders are releasing or their coordinator is
+        closing (seen on a loaded machine): their locks end with nothing lost and the
+        fault goes unfelt. Later shots find the next holders, most of them in a body."""
         assert self.setup.admin_dsn is not None
-        if await _terminate_holders(self.setup.admin_dsn) == 0:
+        terminated = 0
+        for shot in range(_TERMINATE_SHOTS):
+            if shot:
+                await asyncio.sleep(0.25)
+            terminated += await _terminate_holders(self.setup.admin_dsn)
+        if terminated == 0:
             raise RuntimeError("no session held an advisory lock to terminate")
 
     def _cluster_master(self, fault: Fault) -> Any:
