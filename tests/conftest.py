@@ -8,8 +8,10 @@ has its own backend over one table unique to the test.
 from __future__ import annotations
 
 import asyncio
+import signal
 import uuid
 from collections.abc import AsyncIterator, Callable
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -119,3 +121,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sim: long deterministic-simulation explorations")
+    # A SIGTERM (a CI job's timeout, `timeout`, `kill`) would end the run without its
+    # clean-up: the servers and proxies the suite started would outlive it. Unwind as for
+    # Ctrl-C instead, so fixtures end and the servers are stopped by their own PIDs.
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it for good
+    raise KeyboardInterrupt(f"signal {signum}")
