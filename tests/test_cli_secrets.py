@@ -63,3 +63,31 @@ def test_redact_and_scrub(url: str) -> None:
         assert secret not in shown, shown
         assert secret not in scrubbed, scrubbed
     assert "***" in shown
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app@127.0.0.1:1/db?sslpassword=qqqzzz-1",
+        "rediss://app@127.0.0.1:1/0?ssl_password=qqqzzz-1",
+        "host=127.0.0.1 port=1 user=app sslpassword=qqqzzz-1",
+    ],
+)
+def test_tls_key_passwords_are_secrets(url: str) -> None:
+    """The drivers read a TLS key's password from ``sslpassword`` (asyncpg) and
+    ``ssl_password`` (redis-py): secrets too, in the URL query and in a keyword DSN."""
+    assert "qqqzzz" not in redact(url)
+    assert "qqqzzz" not in Scrubber([url])(f"failed: {url}")
+    done = cli("inspect", "x", "--url", url)
+    assert done.returncode in (EXIT_USAGE, EXIT_UNREACHABLE), done.stderr
+    assert "qqqzzz" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("option", ["protocol=9", "ssl_cert_reqs=bogus"])
+def test_a_bad_redis_option_is_a_usage_error(option: str) -> None:
+    """A value redis-py refuses is one line and exit code 2, not a traceback."""
+    done = cli("inspect", "x", "--url", f"rediss://app:hunter22-x@127.0.0.1:1/0?{option}")
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "hunter22-x" not in done.stdout + done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

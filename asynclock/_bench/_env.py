@@ -31,7 +31,17 @@ __all__ = (
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 POSTGRES_SCHEMES = ("postgresql", "postgres")
-_SECRET_PARAMS = ("password", "passwd", "pass")
+# Option names that carry a secret: ``password``, and any name ending in ``password``,
+# ``passwd``, ``secret`` or ``token`` (asyncpg's ``sslpassword``, redis-py's
+# ``ssl_password``), or ``pass``.
+_SECRET_SUFFIXES = ("password", "passwd", "secret", "token")
+
+
+def _is_secret(key: str) -> bool:
+    key = key.lower()
+    return key == "pass" or key.endswith(_SECRET_SUFFIXES)
+
+
 _PROBE_TIMEOUT = 5.0
 
 EMBEDDED_HINT = "pip install 'asynclock[embedded]'"
@@ -61,7 +71,8 @@ def _userinfo(url: str) -> tuple[str, str, str] | None:
 
 
 _KEYWORD_SECRET = re.compile(
-    r"""\b(password|passwd|pass)(\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)""", re.IGNORECASE
+    r"""\b(\w*(?:password|passwd|secret|token)|pass)(\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)""",
+    re.IGNORECASE,
 )
 
 
@@ -83,10 +94,8 @@ def redact(url: str) -> str:
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
-        if any(k.lower() in _SECRET_PARAMS for k, _ in pairs):
-            query = urlencode(
-                [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in pairs], safe="*"
-            )
+        if any(_is_secret(k) for k, _ in pairs):
+            query = urlencode([(k, "***" if _is_secret(k) else v) for k, v in pairs], safe="*")
     return urlunsplit(parts._replace(query=query))
 
 
@@ -108,7 +117,7 @@ class Scrubber:
             found.append(split[1].partition(":")[2])
         with contextlib.suppress(ValueError):
             query = urlsplit(url).query
-            found += [v for k, v in parse_qsl(query) if k.lower() in _SECRET_PARAMS]
+            found += [v for k, v in parse_qsl(query) if _is_secret(k)]
         for secret in found:
             for form in (secret, unquote(secret)):
                 if len(form) >= 2:  # a one-character password would blank out text

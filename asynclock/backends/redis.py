@@ -187,7 +187,10 @@ def client_from_url(url: str, *, max_connections: int = 64, **options: Any) -> R
     if url.startswith("unix://") and not pool.connection_kwargs.get("path"):
         # (the URL itself is not shown: it may carry a password)
         raise ValueError("unix:// URL names no socket path: write unix:///path/to/redis.sock")
-    pool.make_connection()  # type: ignore[no-untyped-call]  # builds, does not connect
+    try:
+        pool.make_connection()  # type: ignore[no-untyped-call]  # builds, does not connect
+    except RedisError as exc:  # a bad option value: protocol=9, ssl_cert_reqs=bogus
+        raise ValueError(f"bad Redis connection option: {exc}") from None
     return Redis.from_pool(pool)
 
 
