@@ -17,6 +17,7 @@ import asynclock
 from asynclock import BackendError, LockTimeout
 from asynclock.backends import PostgresBackend
 from asynclock.backends.base import Attempt, Claim
+from asynclock.testing.proxy import FaultProxy
 
 from .conftest import eventually
 from .test_postgres import advisory_rows_on as advisory_rows
@@ -485,3 +486,24 @@ class TestIdentities:
             assert seen[:2] == [None, NON_ASCII + LONG]
             assert set(seen) <= {None, NON_ASCII + LONG}
             assert seen.count(NON_ASCII + LONG) == 1
+
+
+class TestSilentServerAtRelease:
+    async def test_a_release_the_server_never_answers_ends(
+        self, asynclock_postgres_dsn: str, admin: asyncpg.Connection, namespace: str
+    ) -> None:
+        """The server goes silent as the block ends: the release gives up after its
+        bound with BackendError (counted), ending its session, and the lock is given back
+        once the server is heard again. It waited forever."""
+        loop = asyncio.get_running_loop()
+        async with FaultProxy.from_url(asynclock_postgres_dsn) as proxy:
+            url = proxy.url_for(asynclock_postgres_dsn)
+            async with asynclock.connect(url, namespace=namespace) as coord:
+                with pytest.raises(BackendError, match="release not answered"):
+                    async with asyncio.timeout(30), coord.lock("x", ttl=60):
+                        proxy.blackhole()
+                        silent = loop.time()
+                assert loop.time() - silent < 15
+                assert coord.stats().release_failures == 1
+                proxy.heal()
+            assert await eventually_clean(admin, within=10)

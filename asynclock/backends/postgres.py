@@ -135,6 +135,9 @@ _CHECK_INTERVAL_MS = 1000
 # (back-to-back leases skip the pool's checkout): then it goes back to the pool, where
 # others may be queued.
 _KEEP_IDLE = 1.0
+# How long a release waits for the server (its session's lock included: a renewal may be
+# stuck on it) before it ends the session instead; as Redis's default socket timeout.
+_RELEASE_TIMEOUT = 5.0
 # Lock acquire statements: try once; try before a wait; wait in the queue.
 _TRY, _TRY_BEFORE_WAIT, _WAIT = "try", "try-before-wait", "wait"
 # Permit scans: not waiting; the first scan of a wait (takes the waiting flag); later
@@ -961,6 +964,21 @@ class PostgresBackend(Backend):
         session = claim.handle
         if not isinstance(session, _Session):
             return False
+        try:
+            async with asyncio.timeout(_RELEASE_TIMEOUT):
+                return await self._release(session)
+        except TimeoutError:
+            # No answer: a silent server, or a statement stuck on the session. The unlock
+            # may or may not have run; ending the session ends its locks either way (the
+            # server frees them as it sees the connection close, at the latest after the
+            # session's idle_session_timeout). The caller hears of a failed release.
+            await self._end_session(session)
+            raise BackendError(
+                f"{self._where}: release not answered within {_RELEASE_TIMEOUT:g} s; its "
+                "session was closed, which gives the lock back"
+            ) from None
+
+    async def _release(self, session: _Session) -> bool:
         sql = self._sql or await self._statements()
         async with session.lock:
             if session.ended():
