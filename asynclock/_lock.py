@@ -293,7 +293,13 @@ class Lease:
             coord._discard(self._claim, self.ttl, self)
             raise
         if released:
-            self._end(_RELEASED)
+            if not self._end(_RELEASED) and self._state is _LOST and not self._cancels:
+                # Lost here while the release was in flight (its validity ran out, or a
+                # renewal arrived after the release and was refused), yet the server
+                # confirmed the release: it held the lock for this lease until then, so
+                # nothing ran unprotected. The block ends as released, not with LockLost.
+                # (A body cancelled for the loss keeps it: that cancel must be answered.)
+                self._state = _RELEASED
         else:
             self._end(_LOST, "the lock was no longer held at release")
         return released

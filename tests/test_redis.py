@@ -793,3 +793,27 @@ class TestWaiterQueue:
         due = f"{namespace}:{{lapse}}:due"
         assert await raw.exists(due) == 0  # left on timeout
         await holder.release()
+
+
+class TestLossNoticedDuringARelease:
+    async def test_a_release_confirmed_after_the_validity_ran_out(
+        self, asynclock_redis_url: str, namespace: str
+    ) -> None:
+        """The block ends in time, then its release is slow both ways: it reaches the
+        server before the lock's expiry there, and its reply comes after the local
+        validity ran out (the lease is marked lost meanwhile). The server confirmed, so
+        nothing ran unprotected: the block ends released, not with LockLost (which made
+        a web integration answer 503 for a completed request)."""
+        async with FaultProxy.from_url(asynclock_redis_url) as proxy:
+            url = proxy.url_for(asynclock_redis_url)
+            async with asynclock.connect(url, prefix=namespace) as coord:
+                async with coord.lock("x", ttl=3, renew=False):
+                    pass  # the server knows the release script now: one round trip
+                async with coord.lock("x", ttl=3, renew=False) as lease:
+                    # There at 0.6 of the validity left, answered at 1.2 of it.
+                    proxy.set_latency(0.6 * lease.expires_in)
+                proxy.heal()
+                assert coord.stats().losses == 1  # the loss was seen before the reply
+                assert not lease.lost
+                assert not lease.held
+                assert await coord.inspect("x") is None
