@@ -22,6 +22,7 @@ from asynclock.testing import ValkeyFactory
 from asynclock.testing.chaos import (
     BACKENDS,
     ChaosReport,
+    Fault,
     ScenarioSkipped,
     run_scenario,
     scenario,
@@ -29,7 +30,7 @@ from asynclock.testing.chaos import (
 )
 from asynclock.testing.history import Entry, check
 
-from .chaos_mutants import MUTANTS, SECONDS
+from .chaos_mutants import FAULTS, MUTANTS, SECONDS
 
 SHORT = 20.0
 FULL = 60.0
@@ -48,6 +49,7 @@ async def _run(
     patch: str | None = None,
     *,
     cut: float | None = None,
+    faults: tuple[Fault, ...] | None = None,
 ) -> ChaosReport:
     reason = await unsupported(backend)
     if reason is not None:
@@ -60,7 +62,9 @@ async def _run(
     elif backend in ("sentinel", "cluster"):
         topology = request.getfixturevalue(f"asynclock_{backend}")
     sc = dataclasses.replace(scenario(backend, duration), patch=patch)
-    if cut is not None and cut < duration:
+    if faults is not None:  # a schedule of the test's own, for ``cut`` seconds
+        sc = dataclasses.replace(sc, faults=faults, duration=cut or duration)
+    elif cut is not None and cut < duration:
         # A shorter run: only the faults whose windows (length + TTL + 1 s) end in time.
         faults = tuple(f for f in sc.faults if f.at + f.duration + sc.ttl + 1 <= cut - 0.5)
         sc = dataclasses.replace(sc, duration=cut, faults=faults)
@@ -113,9 +117,11 @@ async def test_the_runner_catches_a_broken_lock(
     request: pytest.FixtureRequest, mutant: str
 ) -> None:
     """The short Redis run on a deliberately broken lock (tests/chaos_mutants.py), cut
-    to the seconds that mutant needs, must report problems: otherwise its "no problems"
-    on the real lock means nothing."""
-    report = await _run(request, "redis", SHORT, MUTANTS[mutant], cut=SECONDS[mutant])
+    to the seconds that mutant needs (or on its own schedule), must report problems:
+    otherwise its "no problems" on the real lock means nothing."""
+    report = await _run(
+        request, "redis", SHORT, MUTANTS[mutant], cut=SECONDS[mutant], faults=FAULTS.get(mutant)
+    )
     for problem in report.problems:
         print(f"  PROBLEM: {problem}")
     assert report.problems, f"{mutant}: the runner said OK\n{report.table()}"
