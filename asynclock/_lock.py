@@ -80,6 +80,7 @@ class Lease:
         "_interval",
         "_quiet",
         "_reason",
+        "_releasing",
         "_renew",
         "_renewing",
         "_retry",
@@ -115,6 +116,7 @@ class Lease:
         self._retry = retry
         self._state = _HELD
         self._reason = ""
+        self._releasing = False  # a release failed: it goes on in the background
         # Set by ``async with``: the task to cancel on loss, and its cancel count on entry.
         self._task: asyncio.Task[object] | None = None
         self._entry_cancelling = 0
@@ -286,6 +288,7 @@ class Lease:
             # unknown outcome, it leaves no validity from the moment it left, for good.
             if self._state is _HELD:
                 deadline = self._valid_until
+                self._releasing = True
                 self._renew = False
                 self._assume(sent, 0.0)
                 # Lost at its old deadline if the clean-up never hears back.
@@ -293,13 +296,7 @@ class Lease:
             coord._discard(self._claim, self.ttl, self)
             raise
         if released:
-            if not self._end(_RELEASED) and self._state is _LOST and not self._cancels:
-                # Lost here while the release was in flight (its validity ran out, or a
-                # renewal arrived after the release and was refused), yet the server
-                # confirmed the release: it held the lock for this lease until then, so
-                # nothing ran unprotected. The block ends as released, not with LockLost.
-                # (A body cancelled for the loss keeps it: that cancel must be answered.)
-                self._state = _RELEASED
+            self._end(_RELEASED)
         else:
             self._end(_LOST, "the lock was no longer held at release")
         return released
@@ -319,6 +316,17 @@ class Lease:
         else:
             coord._recorder.lost(self.name, self.fence, reason)
         return True
+
+    def _released_after_loss(self) -> None:
+        """The body ended within its validity and the server confirmed the release, but
+        the lease was marked lost while the release was in flight (its validity ran out,
+        or a renewal that arrived after the release was refused). The server held the
+        lock for this lease until the release, so nothing ran unprotected: the lease ends
+        released, and its block without LockLost (a completed call is not retried). Not
+        when a cancel was sent to the body for the loss: that cancel must be answered."""
+        self._state = _RELEASED
+        self._reason = ""
+        self._coord._recorder.released(self.name, self.fence)
 
     def _end_after_discard(self, released: bool) -> None:
         """The background release of a lease whose own release failed has finished."""
@@ -733,9 +741,13 @@ class Lock:
         if lease is None:
             raise RuntimeError(f"lock {self.name!r} was not entered by this task")
         lease._in_body = False
+        if lease._state is _HELD and not lease._releasing and lease.expires_in <= 0:
+            # The body outlived its validity (it blocked the loop, or the watchdog's timer
+            # has not run yet): it may have run unprotected, whatever the release says.
+            lease._lose("its local validity ran out before its block ended")
         if lease._state is _HELD:
             try:
-                await lease._release()
+                released = await lease._release()
             except Exception as error:
                 if not isinstance(exc, asyncio.CancelledError):
                     raise
@@ -750,6 +762,8 @@ class Lock:
                     error,
                 )
                 return
+            if released and lease._state is _LOST and not lease._cancels:
+                lease._released_after_loss()
         if lease._state is _LOST:
             await self._deliver_loss(lease, task, exc)  # raises, unless an outside cancel
 

@@ -817,3 +817,20 @@ class TestLossNoticedDuringARelease:
                 assert not lease.lost
                 assert not lease.held
                 assert await coord.inspect("x") is None
+
+    @pytest.mark.parametrize("run", range(3))
+    async def test_a_body_that_outlived_its_validity_still_gets_lock_lost(
+        self, asynclock_redis_url: str, namespace: str, run: int
+    ) -> None:
+        """The body blocks the loop past its local validity, not past the server's
+        expiry (a drift of 20 % leaves room): the release is confirmed, yet the body may
+        have run unprotected, so the block raises LockLost, whichever of the release's
+        reply and the watchdog's timer comes first (it depended on that)."""
+        async with asynclock.connect(
+            asynclock_redis_url, prefix=namespace, drift_factor=0.2
+        ) as coord:
+            with pytest.raises(LockLost, match="validity ran out"):
+                async with coord.lock("x", ttl=1) as lease:
+                    time.sleep(lease.expires_in + 0.03 * (run + 1))  # noqa: ASYNC251 - blocks the loop
+            assert coord.stats().losses == 1
+            assert coord.stats().releases == 0
