@@ -5,7 +5,8 @@
 Campaigns with ``election.run()``; while leading it writes its term to a fenced resource
 (a Redis key that keeps the largest term and refuses smaller ones) every 20 ms. Prints
 one line per event, with ``time.monotonic()`` (shared by all processes on Linux):
-``lead TERM T``, ``write TERM OK T`` (OK is 1 accepted / 0 refused), ``stop TERM T``.
+``lead TERM T``, ``write TERM OK T`` (OK is 1 accepted / 0 refused; T as it was sent),
+``stop TERM T``.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ return 0
 """
 
 
-def say(*words: object) -> None:
-    print(*words, time.monotonic(), flush=True)
+def say(*words: object, at: float | None = None) -> None:
+    print(*words, time.monotonic() if at is None else at, flush=True)
 
 
 async def main(url: str, name: str, identity: str, ttl: float, resource_url: str) -> None:
@@ -42,8 +43,9 @@ async def main(url: str, name: str, identity: str, ttl: float, resource_url: str
             say("lead", term.fence)
             try:
                 while True:
+                    sent = time.monotonic()  # a write is timed as it is decided
                     accepted = await write(keys=[f"resource:{name}"], args=[term.fence])
-                    say("write", term.fence, int(accepted))
+                    say("write", term.fence, int(accepted), at=sent)
                     await asyncio.sleep(0.02)
             finally:
                 say("stop", term.fence)
