@@ -28,6 +28,7 @@ from asynclock.testing import (
     ValkeyServer,
     _servers,
 )
+from asynclock.testing.chaos import _Promotions
 
 T = TypeVar("T")
 
@@ -337,11 +338,27 @@ class TestCluster:
             await client.aclose()
 
     async def test_manual_failover(self, asynclock_cluster: ClusterSetup) -> None:
-        """failover(replica) promotes it; the old master becomes its replica."""
+        """failover(replica) promotes it; the old master becomes its replica. The chaos
+        runner's role watcher (what tells it of promotions no fault asked for) sees it."""
         setup = asynclock_cluster
         old = setup.masters()[1]
         (replica,) = setup.replicas(old)
-        new = await asyncio.to_thread(setup.failover, replica)
+        assert setup.roles()[replica.port] == "slave"
+        promotions = _Promotions(setup)
+        watch = asyncio.create_task(promotions.watch())
+        try:
+            await asyncio.sleep(0.3)  # it has seen every node's role at least once
+            new = await asyncio.to_thread(setup.failover, replica)
+            for _ in range(50):  # its next round sees it (a 5 s bound)
+                if promotions.seen:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            watch.cancel()
+        ((was_replica, was_master, port),) = promotions.seen
+        assert port == replica.port
+        assert was_replica < was_master
+        assert setup.roles()[port] == "master"
         assert new is replica
         assert setup.node_for_slot(5461) is new
         assert setup.replicas(new) == [old]

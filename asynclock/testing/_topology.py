@@ -144,11 +144,11 @@ def _pairs(reply: _Reply) -> dict[str, str]:
     return {str(items[i]): str(items[i + 1]) for i in range(0, len(items) - 1, 2)}
 
 
-def _info(port: int, section: str) -> dict[str, str]:
+def _info(port: int, section: str, *, timeout: float = _CALL_TIMEOUT) -> dict[str, str]:
     """``INFO section`` (or ``CLUSTER INFO`` for ``section="cluster-info"``) as a dict."""
     args = ("CLUSTER", "INFO") if section == "cluster-info" else ("INFO", section)
     fields: dict[str, str] = {}
-    for line in _text(_call(port, *args)).splitlines():
+    for line in _text(_call(port, *args, timeout=timeout)).splitlines():
         name, sep, value = line.partition(":")
         if sep and not line.startswith("#"):
             fields[name] = value.strip()
@@ -284,6 +284,20 @@ class _Topology:
         """Every process of the topology, in the order started."""
         with self._all_lock:
             return list(self._all)
+
+    def roles(self, timeout: float = 0.3) -> dict[int, str]:
+        """``{port: role}`` (``"master"`` or ``"slave"``) of each running, unfrozen data
+        node that answers ``INFO replication`` within ``timeout``; the others (and the
+        sentinels) are left out."""
+        roles: dict[int, str] = {}
+        for node in _live(self.processes):
+            if isinstance(node, SentinelServer):
+                continue
+            with contextlib.suppress(OSError, _ReplyError):
+                role = _info(node.port, "replication", timeout=timeout).get("role")
+                if role:
+                    roles[node.port] = role
+        return roles
 
     def _start_all(self, nodes: Sequence[N]) -> list[N]:
         """Start ``nodes`` in parallel; each is kept for :meth:`stop` as soon as it exists."""

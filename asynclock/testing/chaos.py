@@ -111,6 +111,11 @@ _GIVEUP_PHASES = ("attempt", "wait", "body")
 # of faults that must show an effect (a close would end the leases the fault must make
 # lost), and not in the last seconds of the run.
 _CLOSE_EVERY = (2.0, 6.0)
+# Sentinel and Cluster: how often the parent asks every data node its role. A replica
+# that becomes a master when no fault asked for it (the cluster's own failure detector,
+# with cluster-node-timeout 1 s, on a machine too busy to answer its pings in time) loses
+# locks as a planned failover does: its window counts as lossy, and the report says so.
+_ROLE_POLL = 0.1
 # A terminate fault shoots this many times (see _Faults._terminate).
 _TERMINATE_SHOTS = 3
 # How long after a coordinator closed its sessions may still show on the server
@@ -453,6 +458,11 @@ class ChaosReport:
     excused_details: list[str] = field(default_factory=list)
     probe_errors: list[str] = field(default_factory=list)
     """Looks at the server after a close that failed (outside fault windows)."""
+    promotions: list[str] = field(default_factory=list)
+    """Sentinel and Cluster: replicas the run saw become masters outside the window of
+    any fault that asked for one (the servers' own failure detection). Each window, from
+    the last time the node was seen a replica to TTL + 1 s after it was seen a master,
+    counts as a fault's that may lose locks (overlaps there are ``tolerated``)."""
 
     @property
     def problems(self) -> list[str]:
@@ -539,6 +549,7 @@ class ChaosReport:
         rows.extend(f"  ! stranded: {detail}" for detail in self.stranded_details[:10])
         rows.extend(f"  ! probe: {detail}" for detail in self.probe_errors[:5])
         rows.extend(f"  (excused: {detail})" for detail in self.excused_details[:5])
+        rows.extend(f"  (unplanned promotion: {detail})" for detail in self.promotions)
         return "\n".join(rows)
 
     def as_dict(self) -> dict[str, Any]:
@@ -1234,6 +1245,28 @@ async def _terminate_holders(dsn: str) -> int:
     return sum(1 for row in rows if row["ok"])
 
 
+class _Promotions:
+    """Sentinel and Cluster: replicas that became masters during the run, as the parent
+    sees them by asking every data node its role every ``_ROLE_POLL`` seconds."""
+
+    def __init__(self, topology: Any) -> None:
+        self.topology = topology
+        self.seen: list[tuple[float, float, int]] = []
+        """(last seen a replica, first seen a master, port), monotonic times."""
+
+    async def watch(self) -> None:
+        replica_at: dict[int, float] = {}
+        while True:
+            roles = await asyncio.to_thread(self.topology.roles)
+            answered = time.monotonic()  # the strict side: no earlier than the answers
+            for port, role in roles.items():
+                if role == "slave":
+                    replica_at[port] = answered
+                elif port in replica_at:
+                    self.seen.append((replica_at.pop(port), answered, port))
+            await asyncio.sleep(_ROLE_POLL)
+
+
 class _Faults:
     """Applies a scenario's faults at their times, one after the other."""
 
@@ -1621,6 +1654,10 @@ async def run_scenario(
                     proc.stdin.write(_GO)
                     await proc.stdin.drain()
                 fault_task = asyncio.create_task(faults.run(t0))
+                promotions = _Promotions(setup.topology)
+                roles = asyncio.create_task(
+                    promotions.watch() if setup.topology is not None else asyncio.sleep(0)
+                )
                 orphans = _Orphans()
                 watch = asyncio.create_task(
                     orphans.watch(setup.admin_dsn, namespace)
@@ -1634,16 +1671,27 @@ async def run_scenario(
                     await fault_task
                 finally:
                     watch.cancel()
+                    roles.cancel()
                     fault_task.cancel()
                     with contextlib.suppress(BaseException):
                         await fault_task
                     for task in faults.background:
                         task.cancel()
-                    await asyncio.gather(watch, *faults.background, return_exceptions=True)
-        lossy = [
-            (t0_wall + start - t0, t0_wall + end - t0 + sc.ttl + 1)
+                    await asyncio.gather(watch, roles, *faults.background, return_exceptions=True)
+        planned = [
+            (start, end + sc.ttl + 1)
             for fault, start, end, _ in faults.applied
             if fault.kind in _LOSES_LOCKS_ON.get(sc.backend, _LOSES_LOCKS)
+        ]
+        unplanned = [
+            (replica, master, port)
+            for replica, master, port in promotions.seen
+            if not any(start <= master <= end for start, end in planned)
+        ]
+        lossy = [
+            (t0_wall + start - t0, t0_wall + end - t0)
+            for start, end in planned
+            + [(replica, master + sc.ttl + 1) for replica, master, _ in unplanned]
         ]
         verdict = await _check(
             history_url, namespace, setup.names, summaries, t0_wall=t0_wall, lossy=lossy
@@ -1708,6 +1756,11 @@ async def run_scenario(
         stranded_excused=stranded.excused,
         excused_details=stranded.excused_details[:20],
         probe_errors=stranded.errors,
+        promotions=[
+            f"127.0.0.1:{port} was a replica at t={replica - t0:.2f}s and a master at "
+            f"t={master - t0:.2f}s"
+            for replica, master, port in unplanned
+        ],
     )
 
 
