@@ -24,6 +24,8 @@ from asynclock.testing.chaos import (
     ChaosReport,
     Fault,
     ScenarioSkipped,
+    _lossy_windows,
+    _Promotion,
     run_scenario,
     scenario,
     unsupported,
@@ -141,3 +143,22 @@ def test_a_section_that_stopped_believes_no_longer() -> None:
     assert [v.kind for v in check(a + b, ended=[(10, "A", 100.6)]).violations] == [
         "overlap-in-time"
     ]
+
+
+def test_an_unplanned_promotion_excuses_only_its_names_and_only_when_seen_closely() -> None:
+    """A replica promoted when no fault asked for it (the servers' own failure
+    detection) makes a lossy window for the names it serves, from the round it last
+    answered "replica" to TTL + 1 s after it answered "master"; one not seen in the
+    round before excuses nothing; one inside a planned window is not listed."""
+    names = ["a", "b", "c"]
+    planned = [(10.0, 13.0)]
+    close = _Promotion(6380, 1.0, 1.3, ("b",), consecutive=True)
+    gap = _Promotion(6381, 2.0, 5.0, ("c",), consecutive=False)
+    during_fault = _Promotion(6382, 11.0, 11.2, ("a", "b", "c"), consecutive=True)
+    windows, unplanned = _lossy_windows(names, planned, [close, gap, during_fault], ttl=1.0)
+    assert unplanned == [close, gap]
+    assert windows == {
+        "a": [(10.0, 13.0)],
+        "b": [(10.0, 13.0), (1.0, 3.3)],
+        "c": [(10.0, 13.0)],
+    }

@@ -343,22 +343,29 @@ class TestCluster:
         setup = asynclock_cluster
         old = setup.masters()[1]
         (replica,) = setup.replicas(old)
-        assert setup.roles()[replica.port] == "slave"
-        promotions = _Promotions(setup)
-        watch = asyncio.create_task(promotions.watch())
-        try:
-            await asyncio.sleep(0.3)  # it has seen every node's role at least once
+        roles = await asyncio.to_thread(setup.roles, 2.0)
+        assert roles[replica.port] == "slave"
+        assert roles[old.port] == "master"
+        names = [f"n{i}" for i in range(40)]
+        async with _Promotions.watching(setup, names) as promotions:
+            while promotions.rounds < 1:  # it knows every node's role
+                assert promotions.error is None
+                await asyncio.sleep(0.05)
             new = await asyncio.to_thread(setup.failover, replica)
-            for _ in range(50):  # its next round sees it (a 5 s bound)
+            for _ in range(100):  # its next round sees it (a 10 s bound)
                 if promotions.seen:
                     break
                 await asyncio.sleep(0.1)
-        finally:
-            watch.cancel()
-        ((was_replica, was_master, port),) = promotions.seen
-        assert port == replica.port
-        assert was_replica < was_master
-        assert setup.roles()[port] == "master"
+        assert promotions.error is None
+        (seen,) = promotions.seen  # the old master, now a replica, is no promotion
+        assert seen.port == replica.port
+        assert seen.replica_at < seen.master_at
+        # The names whose slot the new master serves, and only those.
+        served = [
+            name for name in names if setup.node_for_slot(setup.keyslot(f"{{{name}}}")) is new
+        ]
+        assert served
+        assert seen.names == tuple(served)
         assert new is replica
         assert setup.node_for_slot(5461) is new
         assert setup.replicas(new) == [old]

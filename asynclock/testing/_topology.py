@@ -289,15 +289,22 @@ class _Topology:
         """``{port: role}`` (``"master"`` or ``"slave"``) of each running, unfrozen data
         node that answers ``INFO replication`` within ``timeout``; the others (and the
         sentinels) are left out."""
-        roles: dict[int, str] = {}
+        return {port: role for port, role, _, _ in self.poll_roles(timeout)}
+
+    def poll_roles(self, timeout: float = 0.3) -> list[tuple[int, str, float, float]]:
+        """:meth:`roles` with times: ``(port, role, asked, answered)`` per node that
+        answered, ``asked`` and ``answered`` from ``time.monotonic()`` around its own
+        ``INFO`` (the role held at some moment between the two)."""
+        answers = []
         for node in _live(self.processes):
             if isinstance(node, SentinelServer):
                 continue
+            asked = time.monotonic()
             with contextlib.suppress(OSError, _ReplyError):
                 role = _info(node.port, "replication", timeout=timeout).get("role")
                 if role:
-                    roles[node.port] = role
-        return roles
+                    answers.append((node.port, role, asked, time.monotonic()))
+        return answers
 
     def _start_all(self, nodes: Sequence[N]) -> list[N]:
         """Start ``nodes`` in parallel; each is kept for :meth:`stop` as soon as it exists."""
@@ -1031,6 +1038,11 @@ class ClusterSetup(_Topology):
         if port is None:
             raise RuntimeError(f"no master of {self!r} owns slot {slot}")
         return self._node(port)
+
+    def slots_of(self, port: int) -> list[tuple[int, int]]:
+        """The slot ranges ``(first, last)`` node ``port`` serves, in its own view."""
+        view = _ClusterView.of(_cluster_nodes(port))
+        return [(first, last) for first, last, owner in view.owners if owner == port]
 
     def keyslot(self, key: str) -> int:
         """The hash slot of ``key`` (``CLUSTER KEYSLOT`` on a live node)."""

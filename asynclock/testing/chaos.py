@@ -43,7 +43,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -114,8 +114,10 @@ _CLOSE_EVERY = (2.0, 6.0)
 # Sentinel and Cluster: how often the parent asks every data node its role. A replica
 # that becomes a master when no fault asked for it (the cluster's own failure detector,
 # with cluster-node-timeout 1 s, on a machine too busy to answer its pings in time) loses
-# locks as a planned failover does: its window counts as lossy, and the report says so.
-_ROLE_POLL = 0.1
+# locks as a planned failover does: its window counts as lossy for the names it serves,
+# if it answered as a replica in the round before (the window is then short), and the
+# report says so either way.
+_ROLE_POLL = 0.25
 # A terminate fault shoots this many times (see _Faults._terminate).
 _TERMINATE_SHOTS = 3
 # How long after a coordinator closed its sessions may still show on the server
@@ -1245,26 +1247,123 @@ async def _terminate_holders(dsn: str) -> int:
     return sum(1 for row in rows if row["ok"])
 
 
+@dataclass(frozen=True)
+class _Promotion:
+    """A replica seen to become a master (monotonic times)."""
+
+    port: int
+    replica_at: float
+    """When it was last asked and answered "replica" (the promotion came after)."""
+    master_at: float
+    """When it first answered "master"."""
+    names: tuple[str, ...]
+    """The run's lock names it then served (Cluster: by their key slot)."""
+    consecutive: bool
+    """It answered "replica" in the round just before: the window is a round long."""
+
+
 class _Promotions:
     """Sentinel and Cluster: replicas that became masters during the run, as the parent
-    sees them by asking every data node its role every ``_ROLE_POLL`` seconds."""
+    sees them by asking every data node its role every ``_ROLE_POLL`` seconds. Started
+    before the workers, so the first round knows every replica."""
 
-    def __init__(self, topology: Any) -> None:
+    def __init__(self, topology: Any, names: Sequence[str]) -> None:
         self.topology = topology
-        self.seen: list[tuple[float, float, int]] = []
-        """(last seen a replica, first seen a master, port), monotonic times."""
+        self.names = list(names)
+        self.slots: dict[str, int] | None = None
+        """Cluster: each name's hash slot (``{name}`` is its keys' hash tag)."""
+        self.rounds = 0
+        self.seen: list[_Promotion] = []
+        self.error: str | None = None
+        """Why the watcher stopped, if it did (it then saw nothing after)."""
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def watching(cls, topology: Any, names: Sequence[str]) -> AsyncIterator[_Promotions]:
+        """A watcher running for the block (none without a topology: it sees nothing)."""
+        watcher = cls(topology, names)
+        task = asyncio.create_task(watcher.watch() if topology is not None else asyncio.sleep(0))
+        try:
+            yield watcher
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def watch(self) -> None:
-        replica_at: dict[int, float] = {}
+        try:
+            await self._watch()
+        except Exception as exc:  # reported with the run, never silently
+            self.error = f"{type(exc).__name__}: {str(exc)[:200]}"
+
+    async def _watch(self) -> None:
+        if hasattr(self.topology, "slots_of"):
+            self.slots = await asyncio.to_thread(
+                lambda: {name: self.topology.keyslot(f"{{{name}}}") for name in self.names}
+            )
+        known: dict[int, tuple[str, float, int]] = {}  # port: (role, asked, round)
         while True:
-            roles = await asyncio.to_thread(self.topology.roles)
-            answered = time.monotonic()  # the strict side: no earlier than the answers
-            for port, role in roles.items():
-                if role == "slave":
-                    replica_at[port] = answered
-                elif port in replica_at:
-                    self.seen.append((replica_at.pop(port), answered, port))
+            answers = await asyncio.to_thread(self.topology.poll_roles)
+            for port, role, asked, answered in answers:
+                before = known.get(port)
+                if role == "master" and before is not None and before[0] == "slave":
+                    names = await asyncio.to_thread(self._served, port)
+                    consecutive = before[2] == self.rounds - 1
+                    self.seen.append(_Promotion(port, before[1], answered, names, consecutive))
+                known[port] = (role, asked, self.rounds)
+            self.rounds += 1
             await asyncio.sleep(_ROLE_POLL)
+
+    def describe(self, unplanned: Sequence[_Promotion], t0: float) -> list[str]:
+        """For the report: each unplanned promotion, and the watcher's end if it failed."""
+        out = [
+            f"127.0.0.1:{p.port} was a replica at t={p.replica_at - t0:.2f}s and a master "
+            f"at t={p.master_at - t0:.2f}s; "
+            + (
+                f"overlaps on {', '.join(p.names) or 'no name'} tolerated there"
+                if p.consecutive
+                else "not seen in the round before: nothing excused"
+            )
+            for p in unplanned
+        ]
+        if self.error is not None:
+            out.append(f"the role watcher stopped: {self.error}")
+        return out
+
+    def _served(self, port: int) -> tuple[str, ...]:
+        """The names ``port`` serves now (none if it cannot tell: nothing is excused)."""
+        if self.slots is None:
+            return tuple(self.names)  # Sentinel: one master serves every name
+        try:
+            ranges = self.topology.slots_of(port)
+        except (OSError, RuntimeError, ValueError):
+            return ()
+        return tuple(
+            name
+            for name, slot in self.slots.items()
+            if any(first <= slot <= last for first, last in ranges)
+        )
+
+
+def _lossy_windows(
+    names: Sequence[str],
+    planned: Sequence[tuple[float, float]],
+    promotions: Sequence[_Promotion],
+    ttl: float,
+) -> tuple[dict[str, list[tuple[float, float]]], list[_Promotion]]:
+    """Per name, the (start, end) windows in which two holders may believe at once by
+    design: every planned lock-losing fault's, for every name, and an unplanned
+    promotion's (one seen outside every planned window) for the names the promoted
+    node serves, if it was seen a replica in the round before. Also the unplanned
+    promotions, to report. Times as given (monotonic)."""
+    windows = {name: list(planned) for name in names}
+    unplanned = [
+        p for p in promotions if not any(start <= p.master_at <= end for start, end in planned)
+    ]
+    for p in unplanned:
+        if p.consecutive:
+            for name in p.names:
+                windows[name].append((p.replica_at, p.master_at + ttl + 1))
+    return windows, unplanned
 
 
 class _Faults:
@@ -1522,12 +1621,13 @@ async def _check(
     summaries: Sequence[WorkerSummary],
     *,
     t0_wall: float,
-    lossy: Sequence[tuple[float, float]],
+    lossy: Mapping[str, Sequence[tuple[float, float]]],
 ) -> _Verdict:
     """Check every name's history, the grants, and the acks against the writes.
 
-    ``lossy``: (start, end) wall-clock windows of faults that may lose a lock by design;
-    two holders believing at once inside one is counted as tolerated, not a violation.
+    ``lossy``: per name, (start, end) wall-clock windows of faults that may lose its lock
+    by design; two holders believing at once inside one is counted as tolerated, not a
+    violation.
     """
     from redis.asyncio import Redis  # noqa: PLC0415
 
@@ -1563,8 +1663,10 @@ async def _check(
             )
             by_seq = {entry.seq: entry for entry in entries}
 
-            def in_lossy(at: float) -> bool:
-                return any(start <= at <= end for start, end in lossy)
+            spans = lossy.get(name, ())
+
+            def in_lossy(at: float, spans: Sequence[tuple[float, float]] = spans) -> bool:
+                return any(start <= at <= end for start, end in spans)
 
             # Stale writes and fenced-off sections count against the budget, except in
             # the windows of faults that lose locks by design (there they are the fence
@@ -1642,7 +1744,11 @@ async def run_scenario(
         if history_url is None:
             (history_server,) = await asyncio.to_thread(valkey_factory, 1)
             history_url = history_server.url
-        async with _workers(sc, setup, history_url, namespace) as procs:
+        # Before the workers start: the first round must know every replica.
+        async with (
+            _Promotions.watching(setup.topology, setup.names) as promotions,
+            _workers(sc, setup, history_url, namespace) as procs,
+        ):
             faults = _Faults(sc, setup, procs)
             async with asyncio.timeout(sc.duration + sc.timeout + 90):
                 for proc in procs:
@@ -1654,10 +1760,6 @@ async def run_scenario(
                     proc.stdin.write(_GO)
                     await proc.stdin.drain()
                 fault_task = asyncio.create_task(faults.run(t0))
-                promotions = _Promotions(setup.topology)
-                roles = asyncio.create_task(
-                    promotions.watch() if setup.topology is not None else asyncio.sleep(0)
-                )
                 orphans = _Orphans()
                 watch = asyncio.create_task(
                     orphans.watch(setup.admin_dsn, namespace)
@@ -1671,28 +1773,22 @@ async def run_scenario(
                     await fault_task
                 finally:
                     watch.cancel()
-                    roles.cancel()
                     fault_task.cancel()
                     with contextlib.suppress(BaseException):
                         await fault_task
                     for task in faults.background:
                         task.cancel()
-                    await asyncio.gather(watch, roles, *faults.background, return_exceptions=True)
+                    await asyncio.gather(watch, *faults.background, return_exceptions=True)
         planned = [
             (start, end + sc.ttl + 1)
             for fault, start, end, _ in faults.applied
             if fault.kind in _LOSES_LOCKS_ON.get(sc.backend, _LOSES_LOCKS)
         ]
-        unplanned = [
-            (replica, master, port)
-            for replica, master, port in promotions.seen
-            if not any(start <= master <= end for start, end in planned)
-        ]
-        lossy = [
-            (t0_wall + start - t0, t0_wall + end - t0)
-            for start, end in planned
-            + [(replica, master + sc.ttl + 1) for replica, master, _ in unplanned]
-        ]
+        windows, unplanned = _lossy_windows(setup.names, planned, promotions.seen, sc.ttl)
+        lossy = {  # to wall-clock time, as the history's entries are
+            name: [(t0_wall + start - t0, t0_wall + end - t0) for start, end in spans]
+            for name, spans in windows.items()
+        }
         verdict = await _check(
             history_url, namespace, setup.names, summaries, t0_wall=t0_wall, lossy=lossy
         )
@@ -1756,11 +1852,7 @@ async def run_scenario(
         stranded_excused=stranded.excused,
         excused_details=stranded.excused_details[:20],
         probe_errors=stranded.errors,
-        promotions=[
-            f"127.0.0.1:{port} was a replica at t={replica - t0:.2f}s and a master at "
-            f"t={master - t0:.2f}s"
-            for replica, master, port in unplanned
-        ],
+        promotions=promotions.describe(unplanned, t0),
     )
 
 
