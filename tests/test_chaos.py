@@ -13,8 +13,11 @@ runs are marked ``chaos`` and run only when selected: ``pytest -m chaos`` (or wi
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
+import threading
+import time
 
 import pytest
 
@@ -26,6 +29,7 @@ from asynclock.testing.chaos import (
     ScenarioSkipped,
     _lossy_windows,
     _Promotion,
+    _Promotions,
     run_scenario,
     scenario,
     unsupported,
@@ -145,20 +149,63 @@ def test_a_section_that_stopped_believes_no_longer() -> None:
     ]
 
 
-def test_an_unplanned_promotion_excuses_only_its_names_and_only_when_seen_closely() -> None:
-    """A replica promoted when no fault asked for it (the servers' own failure
-    detection) makes a lossy window for the names it serves, from the round it last
-    answered "replica" to TTL + 1 s after it answered "master"; one not seen in the
-    round before excuses nothing; one inside a planned window is not listed."""
+def test_a_promotion_excuses_only_its_names_and_only_when_seen_closely() -> None:
+    """A replica seen to become a master within a second of its last answer as a
+    replica makes a lossy window for the names it serves, from that answer to TTL + 1 s
+    after its first as a master (planned or not); one seen later excuses nothing; only
+    those outside every planned window are reported."""
     names = ["a", "b", "c"]
     planned = [(10.0, 13.0)]
-    close = _Promotion(6380, 1.0, 1.3, ("b",), consecutive=True)
-    gap = _Promotion(6381, 2.0, 5.0, ("c",), consecutive=False)
-    during_fault = _Promotion(6382, 11.0, 11.2, ("a", "b", "c"), consecutive=True)
-    windows, unplanned = _lossy_windows(names, planned, [close, gap, during_fault], ttl=1.0)
+    close = _Promotion(6380, 1.0, 1.25, ("b",))
+    gap = _Promotion(6381, 2.0, 5.0, ("c",))
+    late_in_a_fault = _Promotion(6382, 12.75, 13.0, ("a",))
+    windows, unplanned = _lossy_windows(names, planned, [close, gap, late_in_a_fault], ttl=1.0)
     assert unplanned == [close, gap]
+    assert (close.recent, gap.recent, late_in_a_fault.recent) == (True, False, True)
     assert windows == {
-        "a": [(10.0, 13.0)],
-        "b": [(10.0, 13.0), (1.0, 3.3)],
+        "a": [(10.0, 13.0), (12.75, 15.0)],
+        "b": [(10.0, 13.0), (1.0, 3.25)],
         "c": [(10.0, 13.0)],
     }
+
+
+class _ScriptedRoles:
+    """A topology whose data nodes answer ``INFO replication`` from a script: one entry
+    per round, ``{port: role}`` (a port left out did not answer)."""
+
+    def __init__(self, rounds: list[dict[int, str]]) -> None:
+        self.rounds = rounds
+        self.asked = 0
+        self.done = threading.Event()  # every round of the script was answered and seen
+
+    def poll_roles(self, timeout: float = 0.3) -> list[tuple[int, str, float, float]]:
+        script = self.rounds[min(self.asked, len(self.rounds) - 1)]
+        self.asked += 1
+        if self.asked > len(self.rounds):  # asked again: the last round was processed
+            self.done.set()
+        now = time.monotonic()
+        return [(port, role, now, now) for port, role in script.items()]
+
+
+async def test_the_role_watcher_sees_promotions_and_how_closely() -> None:
+    """A replica answering "master" in the next round is a recent promotion; one that
+    stopped answering for longer than a second first is seen, but not recent; a master
+    that answers "master" again (or comes back as one) is none."""
+    rounds = [
+        {1: "master", 2: "slave", 3: "slave"},
+        {1: "master", 2: "master"},  # 2 promoted; 3 silent
+        {1: "master", 2: "master"},
+        {1: "master", 2: "master"},
+        {1: "master", 2: "master"},
+        {1: "master", 2: "master"},
+        {1: "master", 2: "master", 3: "master"},  # 3 back, a master: 1.25 s later
+    ]
+    topology = _ScriptedRoles(rounds)
+    async with _Promotions.watching(topology, ["x"]) as watcher:
+        await watcher.ready()
+        assert await asyncio.to_thread(topology.done.wait, 30.0)
+    assert watcher.error is None
+    assert [(p.port, p.names, p.recent) for p in watcher.seen] == [
+        (2, ("x",), True),
+        (3, ("x",), False),
+    ]

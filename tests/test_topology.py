@@ -348,8 +348,8 @@ class TestCluster:
         assert roles[old.port] == "master"
         names = [f"n{i}" for i in range(40)]
         async with _Promotions.watching(setup, names) as promotions:
-            while promotions.rounds < 1:  # it knows every node's role
-                assert promotions.error is None
+            while promotions.known.get(replica.port, ("",))[0] != "slave":
+                assert promotions.error is None  # it has seen the replica as one
                 await asyncio.sleep(0.05)
             new = await asyncio.to_thread(setup.failover, replica)
             for _ in range(100):  # its next round sees it (a 10 s bound)
@@ -360,6 +360,7 @@ class TestCluster:
         (seen,) = promotions.seen  # the old master, now a replica, is no promotion
         assert seen.port == replica.port
         assert seen.replica_at < seen.master_at
+        assert seen.recent
         # The names whose slot the new master serves, and only those.
         served = [
             name for name in names if setup.node_for_slot(setup.keyslot(f"{{{name}}}")) is new

@@ -111,13 +111,14 @@ _GIVEUP_PHASES = ("attempt", "wait", "body")
 # of faults that must show an effect (a close would end the leases the fault must make
 # lost), and not in the last seconds of the run.
 _CLOSE_EVERY = (2.0, 6.0)
-# Sentinel and Cluster: how often the parent asks every data node its role. A replica
-# that becomes a master when no fault asked for it (the cluster's own failure detector,
-# with cluster-node-timeout 1 s, on a machine too busy to answer its pings in time) loses
-# locks as a planned failover does: its window counts as lossy for the names it serves,
-# if it answered as a replica in the round before (the window is then short), and the
-# report says so either way.
+# Sentinel and Cluster: how often the parent asks every data node its role (a pause
+# between rounds). A replica that becomes a master when no fault asked for it (the
+# cluster's own failure detector, with cluster-node-timeout 1 s, on a machine too busy to
+# answer its pings in time) loses locks as a planned failover does: its window counts as
+# lossy for the names it serves if it answered as a replica at most _PROMOTION_GAP
+# before (the window is then short), and the report says so either way.
 _ROLE_POLL = 0.25
+_PROMOTION_GAP = 1.0
 # A terminate fault shoots this many times (see _Faults._terminate).
 _TERMINATE_SHOTS = 3
 # How long after a coordinator closed its sessions may still show on the server
@@ -462,9 +463,11 @@ class ChaosReport:
     """Looks at the server after a close that failed (outside fault windows)."""
     promotions: list[str] = field(default_factory=list)
     """Sentinel and Cluster: replicas the run saw become masters outside the window of
-    any fault that asked for one (the servers' own failure detection). Each window, from
-    the last time the node was seen a replica to TTL + 1 s after it was seen a master,
-    counts as a fault's that may lose locks (overlaps there are ``tolerated``)."""
+    every fault that loses locks (the servers' own failure detection), and a line if the
+    role watcher stopped. A promotion seen within a second of the node's last answer as
+    a replica makes a window, from that answer to TTL + 1 s after its first as a master,
+    in which two holders of the names it serves are ``tolerated``; the line says which
+    names, or that nothing was excused."""
 
     @property
     def problems(self) -> list[str]:
@@ -1258,14 +1261,18 @@ class _Promotion:
     """When it first answered "master"."""
     names: tuple[str, ...]
     """The run's lock names it then served (Cluster: by their key slot)."""
-    consecutive: bool
-    """It answered "replica" in the round just before: the window is a round long."""
+
+    @property
+    def recent(self) -> bool:
+        """Seen within ``_PROMOTION_GAP`` of its last answer as a replica: its window is
+        short enough to excuse anything in it."""
+        return self.master_at - self.replica_at <= _PROMOTION_GAP
 
 
 class _Promotions:
     """Sentinel and Cluster: replicas that became masters during the run, as the parent
     sees them by asking every data node its role every ``_ROLE_POLL`` seconds. Started
-    before the workers, so the first round knows every replica."""
+    before the workers; :meth:`ready` waits for its first round."""
 
     def __init__(self, topology: Any, names: Sequence[str]) -> None:
         self.topology = topology
@@ -1273,15 +1280,20 @@ class _Promotions:
         self.slots: dict[str, int] | None = None
         """Cluster: each name's hash slot (``{name}`` is its keys' hash tag)."""
         self.rounds = 0
+        self.known: dict[int, tuple[str, float]] = {}
+        """Per port, its last answer: role and when it was asked."""
         self.seen: list[_Promotion] = []
         self.error: str | None = None
         """Why the watcher stopped, if it did (it then saw nothing after)."""
+        self._first = asyncio.Event()
 
     @classmethod
     @contextlib.asynccontextmanager
     async def watching(cls, topology: Any, names: Sequence[str]) -> AsyncIterator[_Promotions]:
         """A watcher running for the block (none without a topology: it sees nothing)."""
         watcher = cls(topology, names)
+        if topology is None:
+            watcher._first.set()
         task = asyncio.create_task(watcher.watch() if topology is not None else asyncio.sleep(0))
         try:
             yield watcher
@@ -1289,42 +1301,50 @@ class _Promotions:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
+    async def ready(self) -> None:
+        """Wait until a first round is done or the watcher failed (every call in a
+        round has a socket timeout: this ends)."""
+        await self._first.wait()
+
     async def watch(self) -> None:
         try:
             await self._watch()
         except Exception as exc:  # reported with the run, never silently
             self.error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        finally:
+            self._first.set()
 
     async def _watch(self) -> None:
         if hasattr(self.topology, "slots_of"):
             self.slots = await asyncio.to_thread(
                 lambda: {name: self.topology.keyslot(f"{{{name}}}") for name in self.names}
             )
-        known: dict[int, tuple[str, float, int]] = {}  # port: (role, asked, round)
         while True:
             answers = await asyncio.to_thread(self.topology.poll_roles)
             for port, role, asked, answered in answers:
-                before = known.get(port)
+                before = self.known.get(port)
                 if role == "master" and before is not None and before[0] == "slave":
                     names = await asyncio.to_thread(self._served, port)
-                    consecutive = before[2] == self.rounds - 1
-                    self.seen.append(_Promotion(port, before[1], answered, names, consecutive))
-                known[port] = (role, asked, self.rounds)
+                    self.seen.append(_Promotion(port, before[1], answered, names))
+                self.known[port] = (role, asked)
             self.rounds += 1
+            self._first.set()
             await asyncio.sleep(_ROLE_POLL)
 
     def describe(self, unplanned: Sequence[_Promotion], t0: float) -> list[str]:
         """For the report: each unplanned promotion, and the watcher's end if it failed."""
-        out = [
-            f"127.0.0.1:{p.port} was a replica at t={p.replica_at - t0:.2f}s and a master "
-            f"at t={p.master_at - t0:.2f}s; "
-            + (
-                f"overlaps on {', '.join(p.names) or 'no name'} tolerated there"
-                if p.consecutive
-                else "not seen in the round before: nothing excused"
+        out = []
+        for p in unplanned:
+            if not p.recent:
+                what = f"not seen within {_PROMOTION_GAP:g}s of its last answer: nothing excused"
+            elif p.names:
+                what = f"overlaps on {', '.join(p.names)} tolerated there"
+            else:
+                what = "it served none of the run's names"
+            out.append(
+                f"127.0.0.1:{p.port} was a replica at t={p.replica_at - t0:.2f}s and a "
+                f"master at t={p.master_at - t0:.2f}s; {what}"
             )
-            for p in unplanned
-        ]
         if self.error is not None:
             out.append(f"the role watcher stopped: {self.error}")
         return out
@@ -1335,7 +1355,7 @@ class _Promotions:
             return tuple(self.names)  # Sentinel: one master serves every name
         try:
             ranges = self.topology.slots_of(port)
-        except (OSError, RuntimeError, ValueError):
+        except Exception:  # no answer, an error reply: unknown
             return ()
         return tuple(
             name
@@ -1351,18 +1371,18 @@ def _lossy_windows(
     ttl: float,
 ) -> tuple[dict[str, list[tuple[float, float]]], list[_Promotion]]:
     """Per name, the (start, end) windows in which two holders may believe at once by
-    design: every planned lock-losing fault's, for every name, and an unplanned
-    promotion's (one seen outside every planned window) for the names the promoted
-    node serves, if it was seen a replica in the round before. Also the unplanned
-    promotions, to report. Times as given (monotonic)."""
+    design: every planned lock-losing fault's, for every name, and each recent
+    promotion's (:attr:`_Promotion.recent`; planned or not: a union is harmless) for the
+    names the promoted node serves. Also the promotions seen outside every planned
+    window, to report. Times as given (monotonic)."""
     windows = {name: list(planned) for name in names}
+    for p in promotions:
+        if p.recent:
+            for name in p.names:
+                windows[name].append((p.replica_at, p.master_at + ttl + 1))
     unplanned = [
         p for p in promotions if not any(start <= p.master_at <= end for start, end in planned)
     ]
-    for p in unplanned:
-        if p.consecutive:
-            for name in p.names:
-                windows[name].append((p.replica_at, p.master_at + ttl + 1))
     return windows, unplanned
 
 
@@ -1753,6 +1773,7 @@ async def run_scenario(
             async with asyncio.timeout(sc.duration + sc.timeout + 90):
                 for proc in procs:
                     await _wait_ready(proc)
+                await promotions.ready()
                 t0 = time.monotonic()
                 t0_wall = time.time()
                 for proc in procs:
