@@ -27,14 +27,16 @@ from asynclock.testing.chaos import (
     ChaosReport,
     Fault,
     ScenarioSkipped,
+    _count_writes_after_loss,
     _lossy_windows,
     _Promotion,
     _Promotions,
+    _Verdict,
     run_scenario,
     scenario,
     unsupported,
 )
-from asynclock.testing.history import Entry, check
+from asynclock.testing.history import Entry, Kind, check
 
 from .chaos_mutants import FAULTS, MUTANTS, SECONDS
 
@@ -208,4 +210,30 @@ async def test_the_role_watcher_sees_promotions_and_how_closely() -> None:
     assert [(p.port, p.names, p.recent) for p in watcher.seen] == [
         (2, ("x",), True),
         (3, ("x",), False),
+    ]
+
+
+def test_writes_after_a_known_loss_count_but_a_late_loops_do_not() -> None:
+    """A write with the lease marked lost (the loss's cancel should have come first) or
+    a section begun spent counts, accepted or not; a write a late event loop resumed
+    with the validity just spent, before the watchdog's timer ran, is the fence's to
+    order (budgeted elsewhere), not a write after a known loss."""
+
+    def entry(seq: int, kind: Kind, state: str, accepted: bool = True) -> Entry:
+        return Entry(seq, f"e{seq}", seq, "A", "x", kind, accepted, time=100.0, state=state)
+
+    entries = [
+        entry(1, "start", "held"),
+        entry(2, "op", "expired"),  # a late loop: budgeted as a late write
+        entry(3, "op", "expired", accepted=False),  # the same, refused: stale
+        entry(4, "op", "lost", accepted=False),
+        entry(5, "start", "expired", accepted=False),
+        entry(6, "op", "lost"),
+    ]
+    verdict = _Verdict()
+    _count_writes_after_loss(verdict, "res0", entries, t0_wall=99.0)
+    assert verdict.writes_after_loss == 3
+    assert [detail.split(": ", 1)[1].split(" (")[0] for detail in verdict.details] == [
+        "entry 4",
+        "entry 5",
     ]

@@ -45,7 +45,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from asynclock.testing.history import Entry
 
 __all__ = (
     "BACKENDS",
@@ -437,6 +440,10 @@ class ChaosReport:
     cut_writes: int = 0
     acks: int = 0
     writes_after_loss: int = 0
+    """Entries (accepted or not) written with the lease marked lost, or a section's first
+    one with its validity spent: the body went on after it knew. Not the writes a late
+    event loop resumed with the validity just spent before the watchdog's timer ran
+    (the fence orders those: they count as stale, against ``stale_budget``)."""
     grant_violations: int = 0
     late_entries: int = 0
     late_grants: int = 0
@@ -488,6 +495,11 @@ class ChaosReport:
             out.append(f"{self.grant_violations} grant(s) with a repeated or smaller fence")
         if self.late_entries:
             out.append(f"{self.late_entries} bodies entered with no validity left")
+        if self.writes_after_loss:
+            out.append(
+                f"{self.writes_after_loss} entries written after their writer knew its "
+                "lease lost or spent (accepted or not)"
+            )
         if self.budgeted > self.stale_budget:
             out.append(
                 f"{self.budgeted} stale writes and fenced-off sections outside the windows "
@@ -1614,6 +1626,10 @@ class _Verdict:
     stale_rejected: int = 0
     fenced_off: int = 0
     writes_after_loss: int = 0
+    """Entries (accepted or not) written with the lease marked lost, or a section's first
+    one with its validity spent: the body went on after it knew. Not the writes a late
+    event loop resumed with the validity just spent before the watchdog's timer ran
+    (the fence orders those: they count as stale, against ``stale_budget``)."""
     grant_violations: int = 0
     acks: int = 0
     budgeted: int = 0
@@ -1632,6 +1648,29 @@ def _budget_late_writes(verdict: _Verdict, name: str, count: int) -> None:
             f"{name}: {count} write(s) decided after the lease expired, before its loss "
             "was delivered (a late event loop)"
         )
+
+
+def _count_writes_after_loss(
+    verdict: _Verdict, name: str, entries: Sequence[Entry], t0_wall: float
+) -> None:
+    """Entries whose writer knew: a write with its lease marked lost (the loss's cancel
+    should have stopped the body first), or a section begun expired. Not a write its
+    late event loop resumed with the validity just spent, before the watchdog's timer
+    could run: the fence's to order (budgeted: as a late write if accepted, as a stale
+    one if refused)."""
+    knew = [
+        entry
+        for entry in entries
+        if entry.state == "lost" or (entry.state == "expired" and entry.kind == "start")
+    ]
+    verdict.writes_after_loss += len(knew)
+    verdict.details += [
+        f"{name} (at t={entry.time - t0_wall:.2f}s): entry {entry.seq} ({entry.kind} of "
+        f"{entry.holder!r} fence {entry.fence}) was written with its lease {entry.state} "
+        "(refused by the fence)"
+        for entry in knew[:3]
+        if not entry.accepted  # an accepted one is a violation, listed already
+    ]
 
 
 async def _check(
@@ -1721,7 +1760,7 @@ async def _check(
             verdict.sections += report.sections
             verdict.stale_rejected += report.stale_rejected
             verdict.fenced_off += len(report.fenced_off)
-            verdict.writes_after_loss += report.writes_after_loss
+            _count_writes_after_loss(verdict, name, entries, t0_wall)
     finally:
         await client.aclose()
     grants = [Grant.from_list(item) for s in summaries for item in s.grants]
