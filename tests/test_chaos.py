@@ -17,12 +17,12 @@ import asyncio
 import dataclasses
 import os
 import threading
-import time
 
 import pytest
 
 from asynclock.testing import ValkeyFactory
 from asynclock.testing.chaos import (
+    _PROMOTION_GAP,
     BACKENDS,
     ChaosReport,
     Fault,
@@ -173,7 +173,9 @@ def test_a_promotion_excuses_only_its_names_and_only_when_seen_closely() -> None
 
 class _ScriptedRoles:
     """A topology whose data nodes answer ``INFO replication`` from a script: one entry
-    per round, ``{port: role}`` (a port left out did not answer)."""
+    per round, ``{port: role}`` (a port left out did not answer). Round ``i`` is asked
+    and answered at ``1000 + i * _PROMOTION_GAP / 4`` on the script's own clock, so how
+    closely a promotion is seen does not depend on how busy the machine is."""
 
     def __init__(self, rounds: list[dict[int, str]]) -> None:
         self.rounds = rounds
@@ -181,12 +183,12 @@ class _ScriptedRoles:
         self.done = threading.Event()  # every round of the script was answered and seen
 
     def poll_roles(self, timeout: float = 0.3) -> list[tuple[int, str, float, float]]:
-        script = self.rounds[min(self.asked, len(self.rounds) - 1)]
+        index = min(self.asked, len(self.rounds) - 1)
         self.asked += 1
         if self.asked > len(self.rounds):  # asked again: the last round was processed
             self.done.set()
-        now = time.monotonic()
-        return [(port, role, now, now) for port, role in script.items()]
+        at = 1000.0 + index * _PROMOTION_GAP / 4
+        return [(port, role, at, at) for port, role in self.rounds[index].items()]
 
 
 async def test_the_role_watcher_sees_promotions_and_how_closely() -> None:
@@ -200,7 +202,7 @@ async def test_the_role_watcher_sees_promotions_and_how_closely() -> None:
         {1: "master", 2: "master"},
         {1: "master", 2: "master"},
         {1: "master", 2: "master"},
-        {1: "master", 2: "master", 3: "master"},  # 3 back, a master: 1.25 s later
+        {1: "master", 2: "master", 3: "master"},  # 3 back, a master: 1.5 gaps later
     ]
     topology = _ScriptedRoles(rounds)
     async with _Promotions.watching(topology, ["x"]) as watcher:
@@ -233,7 +235,15 @@ def test_writes_after_a_known_loss_count_but_a_late_loops_do_not() -> None:
     verdict = _Verdict()
     _count_writes_after_loss(verdict, "res0", entries, t0_wall=99.0)
     assert verdict.writes_after_loss == 3
-    assert [detail.split(": ", 1)[1].split(" (")[0] for detail in verdict.details] == [
-        "entry 4",
-        "entry 5",
+    assert verdict.details == []  # violations only
+    assert [detail.split(": ", 1)[1] for detail in verdict.after_loss_details] == [
+        "entry 4 (op of 'A' fence 4) was written with its lease lost (refused by the fence)",
+        "entry 5 (start of 'A' fence 5) was written with its lease expired (refused by the fence)",
+        "entry 6 (op of 'A' fence 6) was written with its lease lost (accepted)",
     ]
+    # Every one counts; the report lists the first few, across names.
+    many = [entry(seq, "op", "lost") for seq in range(7, 17)]
+    _count_writes_after_loss(verdict, "res1", many, t0_wall=99.0)
+    assert verdict.writes_after_loss == 13
+    assert len(verdict.after_loss_details) == 5
+    assert verdict.after_loss_details[3].startswith("res1 (at t=1.00s): entry 7 ")

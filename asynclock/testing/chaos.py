@@ -443,7 +443,10 @@ class ChaosReport:
     """Entries (accepted or not) written with the lease marked lost, or a section's first
     one with its validity spent: the body went on after it knew. Not the writes a late
     event loop resumed with the validity just spent before the watchdog's timer ran
-    (the fence orders those: they count as stale, against ``stale_budget``)."""
+    (the fence orders those: they count as stale, against ``stale_budget``). A body
+    entered spent counts here (its first write) and in ``late_entries``."""
+    after_loss_details: list[str] = field(default_factory=list)
+    """The first few of those, each with whether the fence accepted it."""
     grant_violations: int = 0
     late_entries: int = 0
     late_grants: int = 0
@@ -488,9 +491,6 @@ class ChaosReport:
             out.append(f"{self.history_errors} append(s) to the history failed")
         if self.completed == 0:
             out.append("no critical section completed")
-        # A write decided after a loss that the resource accepted is a violation (above);
-        # one it refused counts against the budget: a stalled worker's other task can
-        # run in the same loop iteration as the stall, before the watchdog can act.
         if self.grant_violations:
             out.append(f"{self.grant_violations} grant(s) with a repeated or smaller fence")
         if self.late_entries:
@@ -498,7 +498,7 @@ class ChaosReport:
         if self.writes_after_loss:
             out.append(
                 f"{self.writes_after_loss} entries written after their writer knew its "
-                "lease lost or spent (accepted or not)"
+                f"lease lost or spent (accepted or not): {self.after_loss_details}"
             )
         if self.budgeted > self.stale_budget:
             out.append(
@@ -1635,6 +1635,11 @@ class _Verdict:
     budgeted: int = 0
     details: list[str] = field(default_factory=list)
     budget_details: list[str] = field(default_factory=list)
+    after_loss_details: list[str] = field(default_factory=list)
+
+
+# How many writes after a known loss a report lists (all of them are counted).
+_AFTER_LOSS_SHOWN = 5
 
 
 def _budget_late_writes(verdict: _Verdict, name: str, count: int) -> None:
@@ -1664,12 +1669,12 @@ def _count_writes_after_loss(
         if entry.state == "lost" or (entry.state == "expired" and entry.kind == "start")
     ]
     verdict.writes_after_loss += len(knew)
-    verdict.details += [
+    room = max(0, _AFTER_LOSS_SHOWN - len(verdict.after_loss_details))
+    verdict.after_loss_details += [
         f"{name} (at t={entry.time - t0_wall:.2f}s): entry {entry.seq} ({entry.kind} of "
         f"{entry.holder!r} fence {entry.fence}) was written with its lease {entry.state} "
-        "(refused by the fence)"
-        for entry in knew[:3]
-        if not entry.accepted  # an accepted one is a violation, listed already
+        f"({'accepted' if entry.accepted else 'refused by the fence'})"
+        for entry in knew[:room]
     ]
 
 
@@ -1899,6 +1904,7 @@ async def run_scenario(
         cut_writes=sum(s.cut_writes for s in summaries),
         acks=verdict.acks,
         writes_after_loss=verdict.writes_after_loss,
+        after_loss_details=verdict.after_loss_details,
         grant_violations=verdict.grant_violations,
         late_entries=sum(s.late_entries for s in summaries),
         late_grants=sum(s.late_grants for s in summaries),
