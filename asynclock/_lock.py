@@ -326,7 +326,7 @@ class Lease:
         when a cancel was sent to the body for the loss: that cancel must be answered."""
         self._state = _RELEASED
         self._reason = ""
-        self._coord._recorder.released(self.name, self.fence)
+        self._coord._recorder.released_after_loss(self.name, self.fence)
 
     def _end_after_discard(self, released: bool) -> None:
         """The background release of a lease whose own release failed has finished."""

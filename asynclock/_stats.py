@@ -218,6 +218,21 @@ class Recorder:
             self._releases.add(1, self._attributes)
             self._held.add(-1, self._attributes)
 
+    def released_after_loss(self, name: str, fence: int) -> None:
+        """A lease recorded as lost ended released after all (its release, in flight
+        when the loss was noticed, was confirmed): one more release; it stopped being
+        held at the loss already."""
+        self.releases += 1
+        logger.info(
+            "release of %r (fence %d) was confirmed after its lease was marked lost: "
+            "it ends released",
+            name,
+            fence,
+            extra={"asynclock_lock": name, "asynclock_fence": fence},
+        )
+        if self._meter is not None:
+            self._releases.add(1, self._attributes)
+
     def release_failed(self) -> None:
         """A release was not confirmed (a backend error); it goes on in the background."""
         self.release_failures += 1

@@ -122,7 +122,63 @@ OTEL_SCRIPT = textwrap.dedent(
 )
 
 
+# A release confirmed after its lease was marked lost (the validity ran out while the
+# release was in flight): one loss was recorded, then the release. The lease stopped
+# being held once, so ``asynclock.leases.held`` must come back to 0.
+RELEASE_AFTER_LOSS_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+
+    import asynclock
+    from asynclock.testing.proxy import FaultProxy
+
+    async def main(url, prefix):
+        async with FaultProxy.from_url(url) as proxy:
+            async with asynclock.connect(proxy.url_for(url), prefix=prefix) as coord:
+                async with coord.lock("x", ttl=3, renew=False):
+                    pass  # the server knows the release script now: one round trip
+                async with coord.lock("x", ttl=3, renew=False) as lease:
+                    proxy.set_latency(0.6 * lease.expires_in)
+                proxy.heal()
+                stats = coord.stats()
+                return {"lost": lease.lost, "losses": stats.losses,
+                        "releases": stats.releases}
+
+    seen = asyncio.run(main(sys.argv[1], sys.argv[2]))
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                seen[m.name] = sum(getattr(p, "value", 0) for p in m.data.data_points)
+    print(json.dumps(seen))
+    """
+)
+
+
 class TestOpenTelemetry:
+    def test_held_comes_back_to_zero_after_a_release_confirmed_late(
+        self, asynclock_redis_url: str, namespace: str
+    ) -> None:
+        """A lease marked lost while its confirmed release was in flight ends released:
+        ``asynclock.leases.held`` went down once (at the loss), not twice."""
+        done = subprocess.run(  # noqa: S603 - our own script, our own interpreter
+            [sys.executable, "-c", RELEASE_AFTER_LOSS_SCRIPT, asynclock_redis_url, namespace],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout)
+        assert seen["lost"] is False
+        assert (seen["losses"], seen["releases"]) == (1, 2)
+        assert seen["asynclock.leases.held"] == 0, seen
+
     def test_metrics_and_spans_recorded(self) -> None:
         """With an OpenTelemetry SDK set up, locks record the documented metrics and
         spans (in a separate process: OpenTelemetry's providers are process-global)."""
