@@ -66,6 +66,24 @@ def test_redact_and_scrub(url: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("memory://", "memory://"),
+        ("unix:///tmp/v.sock?db=0", "unix:///tmp/v.sock?db=0"),
+        ("unix:///tmp/v.sock?password=qqqzzz", "unix:///tmp/v.sock?password=***"),
+        ("redis://:qqqzzz@h:1/0?x=1#f", "redis://:***@h:1/0?x=1#f"),
+        (
+            "postgresql://h/db?password=qqqzzz&sslmode=require",
+            "postgresql://h/db?password=***&sslmode=require",
+        ),
+    ],
+)
+def test_redact_keeps_the_rest_of_the_url(url: str, shown: str) -> None:
+    """Only the password changes: an empty host keeps its ``//``, other parts stay."""
+    assert redact(url) == shown
+
+
+@pytest.mark.parametrize(
     "url",
     [
         "postgresql://app@127.0.0.1:1/db?sslpassword=qqqzzz-1",

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 __all__ = (
     "REDIS_SCHEMES",
@@ -91,12 +91,12 @@ def redact(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return url.split("?", 1)[0] + ("?***" if "?" in url else "")
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(_is_secret(k) for k, _ in pairs):
-            query = urlencode([(k, "***" if _is_secret(k) else v) for k, v in pairs], safe="*")
-    return urlunsplit(parts._replace(query=query))
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    if not any(_is_secret(k) for k, _ in pairs):
+        return url  # as written: urlunsplit() would drop the "//" of an empty host
+    query = urlencode([(k, "***" if _is_secret(k) else v) for k, v in pairs], safe="*")
+    fragment = f"#{parts.fragment}" if parts.fragment else ""
+    return f"{parts.scheme}://{parts.netloc}{parts.path}?{query}{fragment}"
 
 
 class Scrubber:
