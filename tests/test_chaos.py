@@ -247,3 +247,16 @@ def test_writes_after_a_known_loss_count_but_a_late_loops_do_not() -> None:
     assert verdict.writes_after_loss == 13
     assert len(verdict.after_loss_details) == 5
     assert verdict.after_loss_details[3].startswith("res1 (at t=1.00s): entry 7 ")
+    # A failing run names them: in its problems and in its table.
+    blank: dict[str, object] = {
+        f.name: "" if f.type == "str" else ([] if f.type.startswith("list") else 0)
+        for f in dataclasses.fields(ChaosReport)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    report = ChaosReport(
+        **{**blank, "completed": 1},  # type: ignore[arg-type]
+        writes_after_loss=verdict.writes_after_loss,
+        after_loss_details=verdict.after_loss_details,
+    )
+    assert [p for p in report.problems if "entry 4 " in p and "13 entries" in p]
+    assert "! after its loss: res0 (at t=1.00s): entry 4 " in report.table()

@@ -38,8 +38,11 @@ def test_raw_special_character_in_the_password(char: str, command: str) -> None:
     assert "percent-encoded" in done.stderr
 
 
-def test_keyword_dsn_is_redacted() -> None:
-    done = cli("inspect", "x", "--url", "host=127.0.0.1 port=1 password=hunter22-x user=app")
+@pytest.mark.parametrize("more", ["", " application_name=a://b"])
+def test_keyword_dsn_is_redacted(more: str) -> None:
+    """Also with ``://`` in a value: still a keyword DSN, not a URL."""
+    dsn = f"host=127.0.0.1 port=1 password=hunter22-x user=app{more}"
+    done = cli("inspect", "x", "--url", dsn)
     assert done.returncode in (EXIT_USAGE, EXIT_UNREACHABLE)
     assert "hunter22-x" not in done.stdout + done.stderr
 
@@ -52,6 +55,7 @@ def test_keyword_dsn_is_redacted() -> None:
         "redis://u:p%23ssw0rd@h/0?password=qqqzzz",
         "host=h password='a b hunter' user=app",
         "host=h PASSWORD=hunter22 user=app",
+        "host=h password=hunter22 application_name=a://b user=app",
     ],
 )
 def test_redact_and_scrub(url: str) -> None:
@@ -79,7 +83,8 @@ def test_redact_and_scrub(url: str) -> None:
     ],
 )
 def test_redact_keeps_the_rest_of_the_url(url: str, shown: str) -> None:
-    """Only the password changes: an empty host keeps its ``//``, other parts stay."""
+    """Only the password changes: an empty host keeps its ``//``, and a query with no
+    secret in it stays as written."""
     assert redact(url) == shown
 
 

@@ -59,12 +59,23 @@ class EmbeddedUnavailable(RuntimeError):
     """No embedded server binaries are installed (exit code 1, names the extra)."""
 
 
+_SCHEME = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _is_url(text: str) -> bool:
+    """A URL starts with its scheme: a keyword DSN can hold ``://`` in a value
+    (``application_name=a://b``) and is still a keyword DSN."""
+    return _SCHEME.match(text) is not None
+
+
 def _userinfo(url: str) -> tuple[str, str, str] | None:
     """``(scheme://, userinfo, rest)`` of a URL with a user part, split at the *last*
     ``@`` (a password may hold a raw ``#``, ``?``, ``/`` or ``@`` that the URL grammar
     would read as the end of the host part), or None without one."""
+    if not _is_url(url):
+        return None
     scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
+    if "@" not in rest:
         return None
     userinfo, _, after = rest.rpartition("@")
     return scheme + sep, userinfo, after
@@ -80,7 +91,7 @@ def redact(url: str) -> str:
     """``url`` with its password replaced by ``***``: in the user part (even with raw
     ``#``, ``?`` or ``/`` in it), in the query string, or in a keyword DSN
     (``host=… password=…``). Never returns the password, whatever the input."""
-    if "://" not in url:
+    if not _is_url(url):
         return _KEYWORD_SECRET.sub(lambda m: f"{m.group(1)}{m.group(2)}***", url)
     split = _userinfo(url)
     if split is not None:
@@ -110,7 +121,7 @@ class Scrubber:
     def add(self, url: str) -> None:
         """Remember the password of ``url`` (raw and URL-decoded), if it has one."""
         found: list[str] = []
-        if "://" not in url:
+        if not _is_url(url):
             found += [m.group(3).strip("'") for m in _KEYWORD_SECRET.finditer(url)]
         split = _userinfo(url)
         if split is not None and ":" in split[1]:

@@ -563,6 +563,7 @@ class ChaosReport:
                 + (f"  ({o.error})" if o.error else "")
             )
         rows.extend(f"  ! {detail}" for detail in self.details[:10])
+        rows.extend(f"  ! after its loss: {detail}" for detail in self.after_loss_details)
         rows.extend(f"  ! stranded: {detail}" for detail in self.stranded_details[:10])
         rows.extend(f"  ! probe: {detail}" for detail in self.probe_errors[:5])
         rows.extend(f"  (excused: {detail})" for detail in self.excused_details[:5])
