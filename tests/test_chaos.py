@@ -27,10 +27,12 @@ from asynclock.testing.chaos import (
     ChaosReport,
     Fault,
     ScenarioSkipped,
+    WorkerSummary,
     _count_writes_after_loss,
     _lossy_windows,
     _Promotion,
     _Promotions,
+    _stall_counts,
     _Verdict,
     run_scenario,
     scenario,
@@ -213,6 +215,41 @@ async def test_the_role_watcher_sees_promotions_and_how_closely() -> None:
         (2, ("x",), True),
         (3, ("x",), False),
     ]
+
+
+def test_a_late_stall_is_credited_only_with_its_own_leases_loss() -> None:
+    """A stall that came late (its window, cut at the next fault, ended before its
+    loss showed) is credited with the loss of the lease it stalled, and only that: not
+    another lease of the same task, another worker's loss, or one long after."""
+    ttl = 1.0  # a stall is 1.5 s: its loss is due by 1.5 + 1 + 1 s after it began
+
+    def worker(index: int, events: list[tuple[float, str]]) -> WorkerSummary:
+        summary = WorkerSummary(index)
+        summary.events = events
+        return summary
+
+    def counts(
+        events: list[tuple[float, str]], other: tuple[tuple[float, str], ...] = ()
+    ) -> dict[str, int]:
+        summaries = [worker(0, events), worker(1, list(other))]
+        return _stall_counts(summaries, {"timeout": 2}, {0}, 5.5, ttl)
+
+    stalled = [(7.2, "stall-holding w0t3@17")]
+    assert counts([*stalled, (8.7, "lost w0t3@17")]) == {"timeout": 2, "lost": 1, "late-stall": 1}
+    assert counts([*stalled, (8.7, "rejected w0t3@17"), (8.7, "lost w0t3@17")]) == {
+        "timeout": 2,
+        "rejected": 1,
+        "late-stall": 1,
+    }
+    assert counts([*stalled, (8.7, "lost w0t3@18")]) == {"timeout": 2}  # another lease
+    assert counts([*stalled, (8.7, "lost w0t4@17")]) == {"timeout": 2}  # another task
+    assert counts([*stalled, (10.8, "lost w0t3@17")]) == {"timeout": 2}  # too late
+    assert counts([*stalled], ((8.7, "lost w0t3@17"),)) == {"timeout": 2}  # not worker 0
+    assert counts([(9.0, "stall-holding w0t3@17"), (9.1, "lost w0t3@17")]) == {"timeout": 2}
+    assert counts([(7.2, "stall-idle"), (8.7, "lost w0t3@17")]) == {"timeout": 2}
+    # A loss in the window already satisfies the stall: nothing is added.
+    in_window = {"lost": 1}
+    assert _stall_counts([worker(0, stalled)], in_window, {0}, 5.5, ttl) is in_window
 
 
 def test_writes_after_a_known_loss_count_but_a_late_loops_do_not() -> None:

@@ -91,6 +91,11 @@ _WORKER_MODULE = "asynclock.testing.chaos"
 _GO = b"go\n"
 _READY = "ready"
 _STALL_SIGNAL = signal.SIGUSR1
+# A stalled worker blocks its loop for this many TTLs, in the first section it writes in
+# after the signal, or idle after _STALL_IDLE seconds without one.
+_STALL_TTLS = 1.5
+_STALL_IDLE = 3.0
+
 # The share of critical sections that hold across renewals (1.5 TTL, three writes).
 _LONG_SECTIONS = 0.05
 # Faults that may lose a lock by design (a server restarted empty, an asynchronous
@@ -795,12 +800,14 @@ class _Worker:
         # _section), so a lease is sure to expire meanwhile; if no task gets there within
         # three seconds, the loop is blocked anyway.
         self.stall_requests.append(seconds)
-        asyncio.get_running_loop().call_later(3.0, self._stall_now, "idle")
+        asyncio.get_running_loop().call_later(_STALL_IDLE, self._stall_now, "idle")
 
-    def _stall_now(self, how: str) -> None:
+    def _stall_now(self, how: str, lease: str = "") -> None:
+        """Block the loop if a stall was requested; ``lease`` (``holder@fence``) is the
+        one held meanwhile: its loss is the stall's (see :func:`_stall_counts`)."""
         if self.stall_requests:
             seconds = self.stall_requests.pop(0)
-            self.event(f"stall-{how}")
+            self.event(f"stall-{how} {lease}".rstrip())
             self.summary.stalls += 1
             time.sleep(seconds)  # blocking the event loop is the fault
             self.stalled = time.monotonic()
@@ -838,7 +845,7 @@ class _Worker:
         self.coord = self._connect()
         try:
             loop = asyncio.get_running_loop()
-            loop.add_signal_handler(_STALL_SIGNAL, self.request_stall, cfg.ttl * 1.5)
+            loop.add_signal_handler(_STALL_SIGNAL, self.request_stall, cfg.ttl * _STALL_TTLS)
             print(_READY, flush=True)
             await loop.run_in_executor(None, sys.stdin.readline)  # the parent's "go"
             self.stop_at = time.monotonic() + cfg.duration
@@ -953,8 +960,10 @@ class _Worker:
         coord = self.coord
         name = self.rng.choice(cfg.names)
         requested = time.time()
+        held = ""  # holder@fence of the lease, once granted (events name it)
         try:
             async with coord.lock(name, ttl=cfg.ttl, timeout=patience) as lease:
+                held = f"{holder}@{lease.fence}"
                 if plan is not None and plan.phase == "body":
                     plan.arm(self.rng.uniform(0.0, 0.03))
                 left = lease.expires_in
@@ -973,9 +982,9 @@ class _Worker:
                     self._stopped(coord, name, lease.fence, holder, plan)
                     raise
         except (LockLost, LockTimeout, BackendError, CoordinatorClosed) as exc:
-            await self._failed(exc, coord, patience)
+            await self._failed(exc, coord, patience, held)
 
-    async def _failed(self, exc: Exception, coord: Any, patience: float) -> None:
+    async def _failed(self, exc: Exception, coord: Any, patience: float, held: str) -> None:
         from asynclock import CoordinatorClosed, LockLost, LockTimeout  # noqa: PLC0415
 
         if isinstance(exc, LockLost):
@@ -986,7 +995,7 @@ class _Worker:
             self.summary.leases_lost += 1
             if isinstance(exc.__cause__, asyncio.CancelledError):
                 self.summary.cancelled += 1
-            self.event("lost")
+            self.event(f"lost {held}")
         elif isinstance(exc, LockTimeout):
             if patience < self.config.timeout:
                 self.summary.giveup_timeouts += 1
@@ -1035,7 +1044,7 @@ class _Worker:
             decided = time.time()
             valid_until = decided + left
             if stall:
-                self._stall_now("holding")
+                self._stall_now("holding", f"{holder}@{lease.fence}")
             self.summary.writes += 1
             try:
                 ack = await log.append(
@@ -1056,7 +1065,7 @@ class _Worker:
                 return
             if not ack.accepted:
                 self.summary.rejected += 1
-                self.event("rejected")
+                self.event(f"rejected {holder}@{lease.fence}")
                 return  # a stale holder stops writing; its lease is lost or soon will be
         self.summary.completed += 1
 
@@ -1233,7 +1242,7 @@ def _close_plan(sc: Scenario, worker: int) -> list[float]:
         if fault.kind in ("kill", "kill_master", "failover"):
             end += 4.0
         if fault.kind == "stall":
-            end += 1.0 + sc.ttl * 1.5
+            end += 1.0 + sc.ttl * _STALL_TTLS
         if fault.kind == "terminate":
             end += 0.25 * (_TERMINATE_SHOTS - 1)
         busy.append((fault.at - 1.0, end))
@@ -1491,7 +1500,7 @@ class _Faults:
             proc = self.workers[index % len(self.workers)]
             if proc.returncode is None:
                 os.kill(proc.pid, _STALL_SIGNAL)
-        await asyncio.sleep(1.0 + self.sc.ttl * 1.5)
+        await asyncio.sleep(1.0 + self.sc.ttl * _STALL_TTLS)
 
     async def _terminate(self, fault: Fault) -> None:
         """Terminate every session holding an advisory lock, in a few shots 0.25 s apart.
@@ -1564,6 +1573,63 @@ def _window_counts(
             if start <= at <= end:
                 key = what.split(" ", 1)[0]
                 counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _outcomes(
+    sc: Scenario,
+    summaries: Sequence[WorkerSummary],
+    applied: Sequence[tuple[Fault, float, float, str | None]],
+) -> list[FaultOutcome]:
+    """What each fault caused, in its own window: from its start to TTL + 1 s after its
+    end, cut where the next fault begins; a stall's and an isolation's only in the
+    workers they target. Faults the run ended before are failed outcomes."""
+    ordered = sorted(applied, key=lambda item: item[1])
+    outcomes = []
+    for index, (fault, start, end, err) in enumerate(ordered):
+        until = end + sc.ttl + 1
+        if index + 1 < len(ordered):
+            until = min(until, ordered[index + 1][1])
+        who = set(fault.targets) if fault.kind in ("stall", "isolate") else None
+        counts = _window_counts(summaries, start, until, who)
+        if who is not None and fault.kind == "stall":
+            counts = _stall_counts(summaries, counts, who, start, sc.ttl)
+        outcomes.append(FaultOutcome(fault, start, end, counts, err))
+    done = {id(o.fault) for o in outcomes}
+    outcomes += [
+        FaultOutcome(f, 0.0, 0.0, {}, "not applied before the run ended")
+        for f in sc.faults
+        if id(f) not in done
+    ]
+    return outcomes
+
+
+def _stall_counts(
+    summaries: Sequence[WorkerSummary],
+    counts: dict[str, int],
+    workers: set[int],
+    start: float,
+    ttl: float,
+) -> dict[str, int]:
+    """A stall's counts, with the loss of the lease it stalled should its window (cut at
+    the next fault) end before that loss shows: a stall comes in the first section the
+    worker writes in after the signal, late on a busy machine where the worker held
+    nothing for a while. Only that lease's own loss or refusal counts (events name it
+    ``holder@fence``), and only within the stall's length + TTL + 1 s of its start."""
+    if counts.get("lost", 0) + counts.get("rejected", 0):
+        return counts
+    longest = ttl * _STALL_TTLS + ttl + 1
+    for summary in summaries:
+        if summary.worker % len(summaries) not in workers:
+            continue
+        for at, what in summary.events:
+            kind, _, lease = what.partition(" ")
+            if kind != "stall-holding" or not start <= at <= start + _STALL_IDLE:
+                continue
+            for later, then in summary.events:
+                kind, _, tag = then.partition(" ")
+                if kind in ("lost", "rejected") and tag == lease and at <= later <= at + longest:
+                    return {**counts, kind: counts.get(kind, 0) + 1, "late-stall": 1}
     return counts
 
 
@@ -1860,24 +1926,7 @@ async def run_scenario(
         )
     stranded = _stranded(sc, summaries, faults.applied, after_run, t0)
     stranded.found += orphans.found(t0)
-    applied = sorted(faults.applied, key=lambda item: item[1])
-    outcomes = []
-    for index, (fault, start, end, err) in enumerate(applied):
-        # Each fault's window is its own: it ends where the next fault begins, and a
-        # stall counts only what happened in the stalled worker.
-        until = end + sc.ttl + 1
-        if index + 1 < len(applied):
-            until = min(until, applied[index + 1][1])
-        who = set(fault.targets) if fault.kind in ("stall", "isolate") else None
-        outcomes.append(
-            FaultOutcome(fault, start, end, _window_counts(summaries, start, until, who), err)
-        )
-    done = {id(o.fault) for o in outcomes}
-    outcomes += [
-        FaultOutcome(f, 0.0, 0.0, {}, "not applied before the run ended")
-        for f in sc.faults
-        if id(f) not in done
-    ]
+    outcomes = _outcomes(sc, summaries, faults.applied)
     return ChaosReport(
         scenario=sc.name,
         duration=sc.duration,
