@@ -14,9 +14,12 @@ runs are marked ``chaos`` and run only when selected: ``pytest -m chaos`` (or wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import threading
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -34,6 +37,8 @@ from asynclock.testing.chaos import (
     _Promotions,
     _stall_counts,
     _Verdict,
+    _Worker,
+    _WorkerConfig,
     run_scenario,
     scenario,
     unsupported,
@@ -93,15 +98,18 @@ async def _run(
 
 
 def _check(report: ChaosReport) -> None:
-    assert report.violations == 0, report.table()
-    assert report.lost == 0, report.table()
-    assert report.history_errors == 0, report.table()
-    assert report.operations > 0, report.table()
-    assert report.writes_after_loss == 0, report.table()
-    assert report.late_entries == 0, report.table()
-    assert report.stranded == 0, report.table()
-    assert report.leases_lost + report.stale_rejected > 0, report.table()
-    assert report.problems == [], report.table()
+    # Every message shows every problem: the first failed assert must not hide the
+    # others (a history error behind a violation, say).
+    shown = "\n".join([report.table(), *(f"problem: {p}" for p in report.problems)])
+    assert report.violations == 0, shown
+    assert report.lost == 0, shown
+    assert report.history_errors == 0, shown
+    assert report.operations > 0, shown
+    assert report.writes_after_loss == 0, shown
+    assert report.late_entries == 0, shown
+    assert report.stranded == 0, shown
+    assert report.leases_lost + report.stale_rejected > 0, shown
+    assert report.problems == [], shown
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -219,9 +227,11 @@ async def test_the_role_watcher_sees_promotions_and_how_closely() -> None:
 
 def test_a_late_stall_is_credited_only_with_its_own_leases_loss() -> None:
     """A stall that came late (its window, cut at the next fault, ended before its
-    loss showed) is credited with the loss of the lease it stalled, and only that: not
-    another lease of the same task, another worker's loss, or one long after."""
-    ttl = 1.0  # a stall is 1.5 s: its loss is due by 1.5 + 1 + 1 s after it began
+    loss showed) is credited with the loss of the lease it stalled, as its own doing:
+    the body cut by that loss, its LockLost, or its write refused, right after the
+    stall. Not another lease of the same task, another worker's loss, or one that
+    comes later (the next fault's, or seen only after a slow release)."""
+    ttl = 1.0  # a stall is 1.5 s; its loss must reach the body within 0.5 s of its end
 
     def worker(index: int, events: list[tuple[float, str]]) -> WorkerSummary:
         summary = WorkerSummary(index)
@@ -235,21 +245,97 @@ def test_a_late_stall_is_credited_only_with_its_own_leases_loss() -> None:
         return _stall_counts(summaries, {"timeout": 2}, {0}, 5.5, ttl)
 
     stalled = [(7.2, "stall-holding w0t3@17")]
-    assert counts([*stalled, (8.7, "lost w0t3@17")]) == {"timeout": 2, "lost": 1, "late-stall": 1}
-    assert counts([*stalled, (8.7, "rejected w0t3@17"), (8.7, "lost w0t3@17")]) == {
+    credited = {"timeout": 2, "lost": 1, "late-stall": 1}
+    assert counts([*stalled, (8.71, "cut w0t3@17"), (8.9, "lost w0t3@17")]) == credited
+    assert counts([*stalled, (8.7, "rejected w0t3@17")]) == {
         "timeout": 2,
         "rejected": 1,
         "late-stall": 1,
     }
-    assert counts([*stalled, (8.7, "lost w0t3@18")]) == {"timeout": 2}  # another lease
-    assert counts([*stalled, (8.7, "lost w0t4@17")]) == {"timeout": 2}  # another task
-    assert counts([*stalled, (10.8, "lost w0t3@17")]) == {"timeout": 2}  # too late
-    assert counts([*stalled], ((8.7, "lost w0t3@17"),)) == {"timeout": 2}  # not worker 0
-    assert counts([(9.0, "stall-holding w0t3@17"), (9.1, "lost w0t3@17")]) == {"timeout": 2}
-    assert counts([(7.2, "stall-idle"), (8.7, "lost w0t3@17")]) == {"timeout": 2}
+    assert counts([*stalled, (8.71, "cut w0t3@18")]) == {"timeout": 2}  # another lease
+    assert counts([*stalled, (8.71, "cut w0t4@17")]) == {"timeout": 2}  # another task
+    assert counts([*stalled, (8.75, "lost w0t3@17")]) == credited  # LockLost at the exit
+    assert counts([*stalled, (9.4, "lost w0t3@17")]) == {"timeout": 2}  # a slow release
+    assert counts([*stalled, (9.25, "cut w0t3@17")]) == {"timeout": 2}  # the next fault's
+    assert counts([*stalled], ((8.71, "cut w0t3@17"),)) == {"timeout": 2}  # not worker 0
+    assert counts([(9.0, "stall-holding w0t3@17"), (10.6, "cut w0t3@17")]) == {"timeout": 2}
+    assert counts([(7.2, "stall-idle"), (8.71, "cut w0t3@17")]) == {"timeout": 2}
     # A loss in the window already satisfies the stall: nothing is added.
     in_window = {"lost": 1}
     assert _stall_counts([worker(0, stalled)], in_window, {0}, 5.5, ttl) is in_window
+
+
+class _Log:
+    """A history log whose ``fail_at``-th write raises (the history did not confirm
+    it), or is refused with ``refuse``; it keeps what it accepted as entries."""
+
+    def __init__(self, fail_at: int, *, refuse: bool = False) -> None:
+        self.entries: list[Entry] = []
+        self.fail_at = fail_at
+        self.refuse = refuse
+
+    async def append(self, fence: int, holder: str, op: str, kind: Kind, **belief: Any) -> Any:
+        seq = len(self.entries) + 1
+        accepted = seq != self.fail_at
+        if not accepted and not self.refuse:
+            raise ConnectionError("the history did not answer")
+        self.entries.append(Entry(seq, f"e{seq}", fence, holder, op, kind, accepted, **belief))
+        return self.entries[-1]
+
+
+class _HeldLease:
+    name = "res0"
+    fence = 7
+    lost = False
+    expires_in = 60.0  # believed valid for a long while: only an end record ends it
+
+
+class _OneLockCoordinator:
+    """Hands out :class:`_HeldLease` (the worker's bookkeeping is under test here, not
+    a lock: the lock is tested against real servers everywhere else)."""
+
+    identity = "c1"
+    closed = False
+
+    @contextlib.asynccontextmanager
+    async def lock(self, name: str, **options: Any) -> AsyncIterator[_HeldLease]:
+        yield _HeldLease()
+
+
+@pytest.mark.parametrize("refuse", [False, True], ids=["history-error", "refused"])
+async def test_a_section_that_stops_early_believes_no_more(refuse: bool) -> None:
+    """A section whose write failed or was refused stops, with no ``end`` entry and no
+    exception, and its block releases the lease: it must say when it stopped, or the
+    next holder's first write (right after the release) reads as a second believer
+    for the rest of its ``valid_until``."""
+    config = _WorkerConfig(
+        0, "redis://unused", {}, "redis://unused", "ns", ["res0"], 1, 1.0, 1.0, 1.0, 0.001
+    )
+    worker = _Worker(config)
+    log = _Log(fail_at=2, refuse=refuse)
+    worker.coord = _OneLockCoordinator()
+    await worker._once({"res0": log}, "w0t1", "op-1", patience=1.0)
+    assert worker.summary.completed == 0
+    [(name, fence, holder, stopped)] = worker.summary.ends
+    assert (name, fence, holder) == ("res0", 7, "w0t1")
+    after = stopped + 0.01  # the next holder writes once the block has released
+    seq = len(log.entries) + 1
+    nxt = Entry(
+        seq,
+        "n",
+        8,
+        "w1t1",
+        "op-2",
+        "start",
+        True,
+        time=after,
+        state="held",
+        valid_until=after + 1,
+        decided=after,
+    )
+    ended = [(fence, holder, stopped)]
+    assert check([*log.entries, nxt], exclusive=False, ended=ended).violations == ()
+    assert check([*log.entries, nxt], exclusive=False).violations  # without it: overlap
 
 
 def test_writes_after_a_known_loss_count_but_a_late_loops_do_not() -> None:

@@ -95,6 +95,9 @@ _STALL_SIGNAL = signal.SIGUSR1
 # after the signal, or idle after _STALL_IDLE seconds without one.
 _STALL_TTLS = 1.5
 _STALL_IDLE = 3.0
+# A stall's own loss reaches its body (or its write is refused) right after the stall:
+# a loss later than this after its end is not the stall's (see _stall_counts).
+_STALL_SLACK = 0.5
 
 # The share of critical sections that hold across renewals (1.5 TTL, three writes).
 _LONG_SECTIONS = 0.05
@@ -977,8 +980,15 @@ class _Worker:
                 try:
                     # A stall is a loss the fault must show: not in a section a give-up
                     # cancel may end first.
-                    await self._section(logs[name], lease, holder, op, stall=plan is None)
+                    done = await self._section(logs[name], lease, holder, op, stall=plan is None)
+                    if not done:
+                        # It believes no more from now, and the block releases the lock
+                        # next: without this record its belief would run to its last
+                        # valid_until, and every next holder would read as a second one.
+                        self.summary.ends.append([name, lease.fence, holder, time.time()])
                 except BaseException:
+                    if lease.lost:  # when the loss reached the body (a stall's credit)
+                        self.event(f"cut {held}")
                     self._stopped(coord, name, lease.fence, holder, plan)
                     raise
         except (LockLost, LockTimeout, BackendError, CoordinatorClosed) as exc:
@@ -1027,7 +1037,9 @@ class _Worker:
 
     async def _section(
         self, log: Any, lease: Any, holder: str, op: str, *, stall: bool = True
-    ) -> None:
+    ) -> bool:
+        """Write a section's entries; False if it stopped early, with no ``end`` entry
+        (a write refused, or one the history did not confirm)."""
         # Most sections are short; some hold across renewals, longer than the TTL.
         cfg = self.config
         long = self.rng.random() < _LONG_SECTIONS
@@ -1062,12 +1074,13 @@ class _Worker:
             except Exception as exc:
                 self.summary.history_errors += 1
                 self.event(f"history-error {type(exc).__name__}: {exc}")
-                return
+                return False
             if not ack.accepted:
                 self.summary.rejected += 1
                 self.event(f"rejected {holder}@{lease.fence}")
-                return  # a stale holder stops writing; its lease is lost or soon will be
+                return False  # a stale holder stops writing; its lease is lost or soon
         self.summary.completed += 1
+        return True
 
 
 def _worker_main(args: argparse.Namespace) -> int:
@@ -1614,11 +1627,14 @@ def _stall_counts(
     """A stall's counts, with the loss of the lease it stalled should its window (cut at
     the next fault) end before that loss shows: a stall comes in the first section the
     worker writes in after the signal, late on a busy machine where the worker held
-    nothing for a while. Only that lease's own loss or refusal counts (events name it
-    ``holder@fence``), and only within the stall's length + TTL + 1 s of its start."""
+    nothing for a while. Only that lease's own loss counts (events name it
+    ``holder@fence``), and only as the stall's own doing, within ``_STALL_SLACK`` of the
+    stall's end: the body cut by the loss (``cut``, stamped when the loss reached it),
+    the block's ``LockLost`` (``lost``, stamped once its release ended), or its write
+    refused. A loss the next fault causes comes later (its lease must run out first),
+    unless that fault lands within the slack of the stall's end."""
     if counts.get("lost", 0) + counts.get("rejected", 0):
         return counts
-    longest = ttl * _STALL_TTLS + ttl + 1
     for summary in summaries:
         if summary.worker % len(summaries) not in workers:
             continue
@@ -1626,10 +1642,12 @@ def _stall_counts(
             kind, _, lease = what.partition(" ")
             if kind != "stall-holding" or not start <= at <= start + _STALL_IDLE:
                 continue
+            due = at + ttl * _STALL_TTLS + _STALL_SLACK
             for later, then in summary.events:
                 kind, _, tag = then.partition(" ")
-                if kind in ("lost", "rejected") and tag == lease and at <= later <= at + longest:
-                    return {**counts, kind: counts.get(kind, 0) + 1, "late-stall": 1}
+                if kind in ("cut", "lost", "rejected") and tag == lease and at <= later <= due:
+                    shown = "lost" if kind == "cut" else kind
+                    return {**counts, shown: counts.get(shown, 0) + 1, "late-stall": 1}
     return counts
 
 
