@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import os
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -246,6 +247,7 @@ def test_a_late_stall_is_credited_only_with_its_own_leases_loss() -> None:
 
     stalled = [(7.2, "stall-holding w0t3@17")]
     credited = {"timeout": 2, "lost": 1, "late-stall": 1}
+    assert counts([*stalled, (8.71, "cut w0t3@17"), (9.4, "lost w0t3@17")]) == credited
     assert counts([*stalled, (8.71, "cut w0t3@17"), (8.9, "lost w0t3@17")]) == credited
     assert counts([*stalled, (8.7, "rejected w0t3@17")]) == {
         "timeout": 2,
@@ -302,23 +304,27 @@ class _OneLockCoordinator:
         yield _HeldLease()
 
 
-@pytest.mark.parametrize("refuse", [False, True], ids=["history-error", "refused"])
-async def test_a_section_that_stops_early_believes_no_more(refuse: bool) -> None:
-    """A section whose write failed or was refused stops, with no ``end`` entry and no
-    exception, and its block releases the lease: it must say when it stopped, or the
-    next holder's first write (right after the release) reads as a second believer
-    for the rest of its ``valid_until``."""
-    config = _WorkerConfig(
+def _config() -> _WorkerConfig:
+    return _WorkerConfig(
         0, "redis://unused", {}, "redis://unused", "ns", ["res0"], 1, 1.0, 1.0, 1.0, 0.001
     )
-    worker = _Worker(config)
+
+
+@pytest.mark.parametrize("refuse", [False, True], ids=["history-error", "refused"])
+async def test_a_section_the_history_did_not_confirm_believes_no_more(refuse: bool) -> None:
+    """A section whose write the history did not confirm stops, with no ``end`` entry
+    and no exception, and its block releases the lease: it must say when it stopped,
+    or the next holder's first write (right after the release) reads as a second
+    believer for the rest of its ``valid_until``. A refused write stops it too, but
+    its belief is left to run: outside a fault, a refusal means another holder wrote
+    while it still believed, which the check must go on flagging (on whoever comes
+    next, if that holder's section ended before this one's first write)."""
+    worker = _Worker(_config())
     log = _Log(fail_at=2, refuse=refuse)
     worker.coord = _OneLockCoordinator()
     await worker._once({"res0": log}, "w0t1", "op-1", patience=1.0)
     assert worker.summary.completed == 0
-    [(name, fence, holder, stopped)] = worker.summary.ends
-    assert (name, fence, holder) == ("res0", 7, "w0t1")
-    after = stopped + 0.01  # the next holder writes once the block has released
+    after = time.time() + 0.01  # the next holder writes once the block has released
     seq = len(log.entries) + 1
     nxt = Entry(
         seq,
@@ -333,9 +339,41 @@ async def test_a_section_that_stops_early_believes_no_more(refuse: bool) -> None
         valid_until=after + 1,
         decided=after,
     )
-    ended = [(fence, holder, stopped)]
-    assert check([*log.entries, nxt], exclusive=False, ended=ended).violations == ()
-    assert check([*log.entries, nxt], exclusive=False).violations  # without it: overlap
+    ended = [(int(fence), str(holder), float(at)) for _, fence, holder, at in worker.summary.ends]
+    found = check([*log.entries, nxt], exclusive=False, ended=ended).violations
+    if refuse:
+        assert worker.summary.ends == []
+        assert [v.kind for v in found] == ["overlap-in-time"]
+    else:
+        [(name, fence, holder, _)] = worker.summary.ends
+        assert (name, fence, holder) == ("res0", 7, "w0t1")
+        assert found == ()
+        assert check([*log.entries, nxt], exclusive=False).violations  # without it: overlap
+
+
+async def test_a_body_cut_by_its_loss_says_when() -> None:
+    """The body of a lost lease, cancelled for the loss, leaves a ``cut`` event naming
+    the lease, stamped then (a late stall's credit; ``lost`` comes only once the
+    release has ended)."""
+
+    class _Lost(_HeldLease):
+        lost = True
+
+    class _Coordinator(_OneLockCoordinator):
+        @contextlib.asynccontextmanager
+        async def lock(self, name: str, **options: Any) -> AsyncIterator[_HeldLease]:
+            yield _Lost()
+
+    class _CancelledLog(_Log):
+        async def append(self, *args: Any, **belief: Any) -> Any:
+            raise asyncio.CancelledError  # the loss's cancel, landing in the write
+
+    worker = _Worker(_config())
+    worker.coord = _Coordinator()
+    with pytest.raises(asyncio.CancelledError):
+        await worker._once({"res0": _CancelledLog(0)}, "w0t1", "op-1", patience=1.0)
+    assert [what for _, what in worker.summary.events] == ["cut w0t1@7"]
+    assert [end[:3] for end in worker.summary.ends] == [["res0", 7, "w0t1"]]
 
 
 def test_writes_after_a_known_loss_count_but_a_late_loops_do_not() -> None:

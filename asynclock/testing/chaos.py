@@ -980,10 +980,12 @@ class _Worker:
                 try:
                     # A stall is a loss the fault must show: not in a section a give-up
                     # cancel may end first.
-                    done = await self._section(logs[name], lease, holder, op, stall=plan is None)
-                    if not done:
-                        # It believes no more from now, and the block releases the lock
-                        # next: without this record its belief would run to its last
+                    confirmed = await self._section(
+                        logs[name], lease, holder, op, stall=plan is None
+                    )
+                    if not confirmed:
+                        # It stops believing now, and the block releases the lock next:
+                        # without this record its belief would run to its last
                         # valid_until, and every next holder would read as a second one.
                         self.summary.ends.append([name, lease.fence, holder, time.time()])
                 except BaseException:
@@ -1038,8 +1040,11 @@ class _Worker:
     async def _section(
         self, log: Any, lease: Any, holder: str, op: str, *, stall: bool = True
     ) -> bool:
-        """Write a section's entries; False if it stopped early, with no ``end`` entry
-        (a write refused, or one the history did not confirm)."""
+        """Write a section's entries; False if it stopped because the history did not
+        confirm a write (no ``end`` entry follows). A refused write also stops it, but
+        returns True: a refusal outside a fault means another holder wrote with a
+        newer fence while this one still believed, and its belief is left to run, so
+        the check flags whoever comes next rather than hide it."""
         # Most sections are short; some hold across renewals, longer than the TTL.
         cfg = self.config
         long = self.rng.random() < _LONG_SECTIONS
@@ -1078,7 +1083,7 @@ class _Worker:
             if not ack.accepted:
                 self.summary.rejected += 1
                 self.event(f"rejected {holder}@{lease.fence}")
-                return False  # a stale holder stops writing; its lease is lost or soon
+                return True  # a stale holder stops writing; its lease is lost or soon
         self.summary.completed += 1
         return True
 
