@@ -4,6 +4,7 @@ majorities, and contention."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from redis.asyncio import Redis
 import asynclock
 from asynclock import LockTimeout, QuorumError
 from asynclock.backends import RedlockBackend
+from asynclock.backends.base import Claim
 from asynclock.testing import ValkeyFactory, ValkeyServer
 
 from .conftest import eventually
@@ -281,3 +283,38 @@ class TestContention:
         assert most == 1
         assert fences == sorted(fences)
         assert elapsed < 60
+
+
+class TestLateReleases:
+    async def test_a_late_release_of_a_refused_round_never_deletes_a_later_grant(
+        self, asynclock_redlock_urls: list[str], namespace: str
+    ) -> None:
+        """A refused round's give-back may reach a node long after the next round was
+        granted there (sent on a connection the client gave up on): every round writes a
+        value of its own, so that release finds nothing of the lease's, on any node."""
+        name = "late"
+        clients = [Redis.from_url(url, socket_timeout=5) for url in asynclock_redlock_urls]
+        backend = RedlockBackend(clients, node_timeout=0.25, prefix=namespace)
+        lock_key = f"{namespace}:{{{name}}}"
+        try:
+            # Another holder on a majority: the first round is refused.
+            for client in clients[:3]:
+                await client.set(lock_key, "f" * 32 + ":other", px=30_000)
+            claim = Claim(name, secrets.token_hex(16), "me", shared=False)
+            assert (await backend.try_acquire(claim, 30.0)).fence is None
+            refused = claim.value
+            for client in clients[:3]:
+                await client.delete(lock_key)
+            assert (await backend.try_acquire(claim, 30.0)).fence is not None
+            # The first round's give-back lands now, everywhere.
+            first = backend.nodes[0]
+            for node in backend.nodes:
+                await node.run(first.release_call(first.keys(name), refused))
+            assert await backend.extend(claim, 30.0)
+            values = {await client.get(lock_key) for client in clients}
+            assert values == {claim.value.encode()}
+            assert await backend.release(claim)
+        finally:
+            await backend.aclose()
+            for client in clients:
+                await client.aclose()

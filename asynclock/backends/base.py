@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -85,6 +86,19 @@ class Claim:
         # Set by the backend when the server certainly ended this claim's current grant
         # (see Backend.on_hold_lost); reset by the backend at the claim's next grant.
         self.ended = False
+
+    def reissue(self) -> None:
+        """Give the claim a fresh random token (same identity) for its next attempt.
+
+        For a backend whose attempts must not share a holder value: a request of an
+        earlier attempt that reaches the server late (a release on a connection the
+        client gave up on) names that attempt's value, and so can never touch a grant
+        made with the new one. Call it only before an attempt, never while a lease holds
+        the claim: extend and release use the value of the attempt that was granted.
+        """
+        owner = self.value[len(self.token) + 1 :]
+        self.token = secrets.token_hex(TOKEN_CHARS // 2)
+        self.value = f"{self.token}:{owner}"
 
     def __repr__(self) -> str:
         kind = f"limit={self.limit}" if self.limit else f"shared={self.shared}"

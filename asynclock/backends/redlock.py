@@ -10,6 +10,9 @@ Every operation fans out to all nodes at once (``asyncio.gather``), each node bo
   majorities share a node, and that node's counter is at least the earlier lease's fence,
   so the next lease's fence is larger: fences are monotonic across majorities. Without a
   majority, whatever was taken is released on every node at once, and the caller retries.
+  Every round writes a value of its own (a fresh token, :meth:`Claim.reissue`): a release
+  of an earlier round still on its way to a node (sent on a connection the client gave up
+  on) names that round's value, so it can never delete a later round's grant.
 - extend: compare-and-extend everywhere; a majority must confirm.
 - release: compare-and-delete everywhere, including nodes that timed out earlier.
 
@@ -105,8 +108,6 @@ class RedlockBackend(Backend):
         # Per-node requests (stragglers finish here after the outcome was decided) and
         # releases sent to nodes that did not answer.
         self._tasks = TaskSet("Redlock")
-        # A failed round's releases still going to silent nodes, by holder value.
-        self._releasing: dict[str, asyncio.Task[Any]] = {}
 
     @classmethod
     def from_urls(
@@ -243,11 +244,14 @@ class RedlockBackend(Backend):
                 results[i] = reply
         return results
 
+    def _round(self, claim: Claim) -> _Rounds:
+        rounds = claim.handle
+        if rounds is None:
+            rounds = claim.handle = _Rounds(self._nodes[0].keys(claim.name))
+        return rounds  # type: ignore[no-any-return]
+
     def _keys(self, claim: Claim) -> Keys:
-        keys = claim.handle
-        if keys is None:
-            keys = claim.handle = self._nodes[0].keys(claim.name)
-        return keys  # type: ignore[no-any-return]
+        return self._round(claim).keys
 
     def _no_quorum(self, what: str, failed: int) -> QuorumError:
         return QuorumError(
@@ -271,14 +275,15 @@ class RedlockBackend(Backend):
 
     async def _acquire_once(self, claim: Claim, ttl: float) -> tuple[Attempt, int]:
         """One Redlock round: the attempt, and how many nodes failed or were late."""
-        keys = self._keys(claim)
+        rounds = self._round(claim)
+        if rounds.sent:
+            # A value of its own for every round: the last round's give-back may still be
+            # on its way to a node (on a connection the client gave up on, behind a
+            # proxy) and would delete a grant made with the same value.
+            claim.reissue()
+        rounds.sent = True
+        keys = rounds.keys
         value = claim.value
-        releasing = self._releasing.get(value)
-        if releasing is not None:
-            # The last round's release is still on its way to a silent node. Sent on a
-            # connection of its own it could land after this round's grant there and
-            # delete it (same value): this round would count a node it does not hold.
-            await asyncio.wait({releasing})
         start = self.clock.now()
         # Every node is offered the same fence floor (our clock, a little ahead): when each
         # granting node lands on it, a majority already stores the lease's fence and the
@@ -316,9 +321,7 @@ class RedlockBackend(Backend):
         ]
         silent = [node for node in self._nodes if node not in answered]
         if silent:
-            task = self._background(lambda node: node.run(release), silent)
-            self._releasing[value] = task
-            task.add_done_callback(lambda _: self._releasing.pop(value, None))
+            self._background(lambda node: node.run(release), silent)
         await self._script(release, answered)
         return Attempt(None, self._free_in(replies, len(granted))), failed
 
@@ -450,6 +453,17 @@ class RedlockBackend(Backend):
     def describe(self) -> str:
         where = ", ".join(node._where[len("Redis ") :] for node in self._nodes)
         return f"RedlockBackend {len(self._nodes)} nodes ({where})"
+
+
+class _Rounds:
+    """A Redlock claim's own state (``claim.handle``): the name's keys, and whether the
+    claim's current value already went out in a round (the next round reissues it)."""
+
+    __slots__ = ("keys", "sent")
+
+    def __init__(self, keys: Keys) -> None:
+        self.keys = keys
+        self.sent = False
 
 
 class _Deadline:
