@@ -35,6 +35,10 @@ logger = logging.getLogger("asynclock")
 _EXPIRY_MARGIN = 0.001
 # How long past the caller's deadline a server-side wait may take to report its timeout.
 _NATIVE_WAIT_SLACK = 0.5
+# The least time the first attempt of an acquire is given to answer, whatever the timeout
+# (a positive timeout is as patient as timeout=0 with a server that answers; one that does
+# not is given up on after this, or the timeout if longer).
+_FIRST_ANSWER = 0.25
 # A lost lease's body is cancelled again, until it leaves the block, after these delays
 # (doubling up to the second): a cancel the body swallowed must not let it run on. Short:
 # a body busy with redis-py calls on Python 3.11 swallows most deliveries (its sends
@@ -561,10 +565,16 @@ class Lock:
         clock = backend.clock
         timeout = self.timeout
         start = clock.now()
-        attempt = await self._attempt(claim, deadline)
+        attempt = await self._attempt(claim, deadline, first=True)
         if attempt.fence is None:
             if timeout == 0:
                 raise LockTimeout(f"lock {self.name!r} is held (timeout=0: tried once)")
+            if not backend.native_wait and deadline is not None and clock.now() >= deadline:
+                # The first attempt's answer came after the deadline (it is given at least
+                # _FIRST_ANSWER): refused, and no time left to wait. It joined the waiter
+                # queue; leave it.
+                self._coord._leave(claim)
+                raise LockTimeout(f"lock {self.name!r} not acquired within {timeout:g}s")
             if backend.native_wait:
                 # It waited in the server's queue already; only a grant that came too
                 # late (given back) is worth another wait there.
@@ -666,14 +676,20 @@ class Lock:
                 pause = min(pause, attempt.retry_after + _EXPIRY_MARGIN)
             until = now + pause if deadline is None else min(now + pause, deadline)
             await slot.wait(clock, until)
+            if deadline is not None and clock.now() >= deadline:
+                # Out of time: no attempt with nothing left to wait for its answer.
+                raise LockTimeout(f"lock {self.name!r} not acquired within {self.timeout:g}s")
 
-    async def _attempt(self, claim: Claim, deadline: float | None) -> Attempt:
-        """One ``try_acquire``, bounded by the caller's deadline, undone if interrupted;
-        a grant that came too late to be of use is given back and reads as refused."""
+    async def _attempt(
+        self, claim: Claim, deadline: float | None, *, first: bool = False
+    ) -> Attempt:
+        """One ``try_acquire``, bounded by the caller's deadline (the ``first`` one of an
+        acquire by at least :data:`_FIRST_ANSWER`), undone if interrupted; a grant that came
+        too late to be of use is given back and reads as refused."""
         backend = self._coord.backend
         clock = backend.clock
         sent = clock.now()
-        attempt = await self._try(claim, deadline)
+        attempt = await self._try(claim, deadline, first=first)
         if attempt.fence is None:
             return attempt
         left = self._left(sent if attempt.start is None else attempt.start)
@@ -685,7 +701,7 @@ class Lock:
         await self._give_back_late(claim, deadline, -left)
         return _LATE
 
-    async def _try(self, claim: Claim, deadline: float | None) -> Attempt:
+    async def _try(self, claim: Claim, deadline: float | None, *, first: bool) -> Attempt:
         backend = self._coord.backend
         stopped: BaseException | None = None  # the cancel our own deadline sent
         try:
@@ -693,8 +709,15 @@ class Lock:
                 return await backend.try_acquire(claim, self.ttl, wait=self.timeout)
             remaining = max(deadline - backend.clock.now(), 0.0)
             # A backend that waits in the server's queue stops there at the deadline; our
-            # own bound only catches a server that does not answer at all.
-            bound = remaining + _NATIVE_WAIT_SLACK if backend.native_wait else remaining
+            # own bound only catches a server that does not answer at all. The first
+            # attempt of an acquire is always waited for a moment, however small the
+            # timeout: a 1 ms timeout over a 1 ms link must still get a free lock.
+            if backend.native_wait:
+                bound = remaining + _NATIVE_WAIT_SLACK
+            elif first:
+                bound = max(remaining, _FIRST_ANSWER)
+            else:
+                bound = remaining
             own = asyncio.timeout(bound)
             try:
                 async with own:

@@ -104,6 +104,18 @@ class TestTimeouts:
             waited = time.monotonic() - started
         assert 0.29 <= waited < 1.5
 
+    async def test_a_tiny_timeout_is_as_patient_as_zero(self, make_coord: MakeCoord) -> None:
+        """A positive timeout, however small, makes the first attempt and waits for its
+        answer: a free lock is granted with timeout=1e-5 as it is with timeout=0."""
+        coord = make_coord()
+        for timeout in (1e-5, 1e-4, 1e-3) * 4:
+            async with coord.lock("tiny", ttl=5, timeout=timeout) as lease:
+                assert lease.held
+        other = make_coord()
+        async with other.lock("tiny", ttl=5):
+            with pytest.raises(LockTimeout, match="not acquired within"):
+                await coord.lock("tiny", ttl=5, timeout=1e-5).acquire()
+
     async def test_none_waits_until_released(self, make_coord: MakeCoord) -> None:
         """timeout=None waits as long as it takes."""
         a, b = make_coord(), make_coord()

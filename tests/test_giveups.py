@@ -10,6 +10,7 @@ pipelined connection, which answers after every request sent before it): no timi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from typing import Any
 
@@ -123,24 +124,40 @@ class TestDeadlineDuringAnAttempt:
     async def test_the_give_back_of_an_attempt_stopped_by_the_deadline_does_not_poll(
         self, asynclock_redis_url: str, namespace: str
     ) -> None:
-        """The deadline stops an attempt on its way (a slow link): on the pipelined
-        connection that is a cancel like any other, so the give-back (release, and leave
-        the queue it may have joined) follows the attempt in order and is done. It was
-        taken for a request that could overtake its give-back, and looked again for
-        ``ttl`` plus the socket timeout (35 s here): a task per timed-out waiter."""
+        """The deadline stops an attempt on its way (a slow link from the second attempt:
+        the first is always answered): on the pipelined connection that is a cancel like any
+        other, so the give-back (release, and leave the queue it may have joined) follows
+        the attempt in order and is done. It was taken for a request that could overtake
+        its give-back, and looked again for ``ttl`` plus the socket timeout (35 s here):
+        a task per timed-out waiter."""
         async with (
             FaultProxy.from_url(asynclock_redis_url) as proxy,
             asynclock.connect(asynclock_redis_url, prefix=namespace) as other,
-            asynclock.connect(proxy.url_for(asynclock_redis_url), prefix=namespace) as coord,
         ):
+
+            class SlowAfterFirstAttempt(RedisBackend):
+                attempts = 0
+
+                async def try_acquire(
+                    self, claim: Claim, ttl: float, *, wait: float | None = 0.0
+                ) -> Attempt:
+                    self.attempts += 1
+                    if self.attempts == 2:  # subscribed by now
+                        proxy.set_latency(0.1)
+                    return await super().try_acquire(claim, ttl, wait=wait)
+
             holder = await other.lock("x", ttl=30).acquire()
+            backend = SlowAfterFirstAttempt.from_url(
+                proxy.url_for(asynclock_redis_url), prefix=namespace
+            )
+            coord = asynclock.Coordinator(backend)
             await coord.inspect("x")  # connected
-            proxy.set_latency(0.1)
             with pytest.raises(asynclock.LockTimeout, match="did not answer in time"):
-                await coord.lock("x", ttl=30, timeout=0.05, fair=True).acquire()
+                await coord.lock("x", ttl=30, timeout=0.15, fair=True).acquire()
             proxy.heal()
-            backend = await _settled(coord)
+            await _settled(coord)
             assert await _queued(backend, "x") == []
+            await coord.aclose()
             await holder.release()
 
 
@@ -396,3 +413,47 @@ class TestLeavingKeepsTheCallersTime:
             assert places == [], f"{len(places)} places of the closed coordinator left"
             proxy.set_latency(0)
             await holder.release()
+
+
+class TestGivingUpKeepsTheDeadline:
+    @pytest.mark.parametrize("kind", ["redis", "redlock"])
+    async def test_a_timeout_while_the_server_is_silent_is_not_late(
+        self, request: pytest.FixtureRequest, namespace: str, kind: str
+    ) -> None:
+        """The server goes silent while an acquire waits: its LockTimeout comes at its
+        deadline. A giving-up waiter waited up to 0.2 s for its leave (Redlock: up to the
+        node timeout for its unsubscribes) before raising; the leave now goes on in the
+        background. (The least lateness of three tries: a bug shows in every try.)"""
+        if kind == "redis":
+            urls = [request.getfixturevalue("asynclock_redis_url")]
+        else:
+            urls = request.getfixturevalue("asynclock_redlock_urls")
+        async with contextlib.AsyncExitStack() as stack:
+            proxies = [await stack.enter_async_context(FaultProxy.from_url(u)) for u in urls]
+            proxied = [proxy.url_for(url) for proxy, url in zip(proxies, urls, strict=True)]
+            target: str | list[str] = proxied[0] if kind == "redis" else proxied
+            other_target: str | list[str] = urls[0] if kind == "redis" else urls
+            other = await stack.enter_async_context(
+                asynclock.connect(other_target, prefix=namespace)
+            )
+            lateness = []
+            for trial in range(3):
+                options = {} if kind == "redis" else {"node_timeout": 0.25}
+                coord = asynclock.connect(target, prefix=namespace, **options)
+                holder = await other.lock(f"x{trial}", ttl=30).acquire()
+                loop = asyncio.get_running_loop()
+                began = loop.time()
+                waiting = asyncio.create_task(
+                    coord.lock(f"x{trial}", ttl=30, timeout=0.5).acquire()
+                )
+                assert await eventually(lambda c=coord: len(c._waiting) == 1)
+                for proxy in proxies:
+                    proxy.blackhole()
+                with pytest.raises(asynclock.LockTimeout):
+                    await waiting
+                lateness.append(loop.time() - (began + 0.5))
+                for proxy in proxies:
+                    proxy.heal()
+                await coord.aclose()
+                await holder.release()
+        assert min(lateness) < 0.1, f"LockTimeout came {min(lateness):.3f}s after its deadline"

@@ -848,10 +848,6 @@ class RedisBackend(Backend):
         return self._subscriber.channels()
 
 
-# How long a waiter that gives up waits for its leave (the queue and the wake-up channel)
-# before it goes on in the background.
-_LEAVE_WAIT = 0.2
-
 # Replies of shard channels (Cluster), handled as their plain counterparts.
 _SHARD_KINDS = frozenset(("smessage", "ssubscribe", "sunsubscribe"))
 
@@ -1090,15 +1086,15 @@ class _Waiter:
         # task of the backend's: a cancel landing here (a second one, a timeout firing
         # while a LockTimeout leaves) must not stop them before they start, which kept
         # the place in the queue until it lapsed and the channel subscribed for good.
-        leaving = backend._tasks.spawn(
+        backend._tasks.spawn(
             self._leave(slot.tag), name=f"asynclock-leave-wait:{self._keys.channel}"
         )
-        # Waited for a moment (one round trip, normally), not longer: the caller's
-        # deadline and cancel come first (a server that stopped answering held a
-        # LockTimeout back by a socket timeout). The leave goes on in the background,
-        # owned by the backend, which aclose() waits for (bounded); were aclose() to
-        # cancel it, that is no cancel of the caller's.
-        await asyncio.wait({leaving}, timeout=_LEAVE_WAIT)
+        # Not waited for: the caller's deadline and cancel come first (a server that
+        # stopped answering would hold a LockTimeout back). The leave goes on in the
+        # background, owned by the backend, which aclose() waits for (bounded). One turn
+        # of the loop lets it send its commands before the caller's next ones (a retry
+        # of the acquire, on the same pipelined connection, then comes after it).
+        await asyncio.sleep(0)
 
     async def _leave(self, value: str) -> None:
         backend = self._backend

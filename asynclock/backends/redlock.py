@@ -619,7 +619,16 @@ class _RedlockWaiter:
         assert self._slot is not None
         self._backend._hub.unregister(self._slot)
         subscribed, self._subscribed = self._subscribed, []
-        await self._unsubscribe(subscribed, confirm=exc_type is not None)
+        if exc_type is None:
+            await self._unsubscribe(subscribed, confirm=False)
+            return
+        # Giving up (timed out, cancelled): the unsubscribes go on in the background, so
+        # that silent nodes do not hold the caller's LockTimeout or cancel back.
+        self._backend._tasks.spawn(
+            self._unsubscribe(subscribed, confirm=True),
+            name=f"asynclock-redlock-unsubscribe:{self._channel}",
+        )
+        await asyncio.sleep(0)
 
     async def _unsubscribe(self, nodes: list[RedisBackend], *, confirm: bool) -> None:
         channel = self._channel
