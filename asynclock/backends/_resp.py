@@ -186,7 +186,9 @@ class Pipe:
         self._connect_timeout = connect_timeout
         self._timeout = timeout
         self._proto: _Protocol | None = None
-        self._connecting: asyncio.Lock | None = None
+        # The connect on its way, shared by every caller that needs the connection
+        # meanwhile: its failure is theirs, so no caller starts another after it.
+        self._connecting: asyncio.Task[_Protocol] | None = None
         self._closed = False
 
     def ready(self) -> _Protocol | None:
@@ -195,23 +197,47 @@ class Pipe:
         return proto if proto is not None and proto.alive else None
 
     async def protocol(self) -> _Protocol:
-        """The connected protocol, connecting first if needed."""
+        """The connected protocol, connecting first if needed.
+
+        Callers that need a connection while one is being made wait for that one: they
+        share its outcome, the error of a failed connect included, so every request ends
+        within one connect timeout however many callers queue up (each starting its own
+        connect after the one before it failed, the k-th waited k connect timeouts).
+        """
         proto = self.ready()
         if proto is not None:
             return proto
         if self._closed:
             raise RedisConnectionError("the coordinator was closed")
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            proto = self.ready()
-            if proto is None:
-                proto = await self._connect()
-                if self.closed:  # closed while connecting: this socket must not live on
-                    proto.abort(RedisConnectionError("the coordinator was closed"))
-                    raise RedisConnectionError("the coordinator was closed")
-                self._proto = proto
-            return proto
+        connecting = self._connecting
+        if connecting is None:
+            connecting = self._connecting = asyncio.ensure_future(self._connect())
+            connecting.add_done_callback(self._connected)
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
+        try:
+            # Shielded: a caller that gives up must not cancel the others' connect (it is
+            # bounded by the connect timeout, and aclose() cancels it).
+            return await asyncio.shield(connecting)
+        except asyncio.CancelledError:
+            if connecting.cancelled() and (task is None or task.cancelling() == cancels):
+                # aclose() stopped the connect: no cancel of this caller's.
+                raise RedisConnectionError("the coordinator was closed") from None
+            raise
+
+    def _connected(self, connecting: asyncio.Task[_Protocol]) -> None:
+        if self._connecting is connecting:
+            self._connecting = None
+        if connecting.cancelled():
+            return
+        error = connecting.exception()  # retrieved: every caller may have left meanwhile
+        if error is not None:
+            return
+        proto = connecting.result()
+        if self._closed:  # closed while connecting: this socket must not live on
+            proto.abort(RedisConnectionError("the coordinator was closed"))
+        else:
+            self._proto = proto
 
     async def _connect(self) -> _Protocol:
         loop = asyncio.get_running_loop()
@@ -291,6 +317,10 @@ class Pipe:
 
     async def aclose(self) -> None:
         self._closed = True
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None:
+            connecting.cancel()  # _connect() aborts a socket it made
+            await asyncio.wait({connecting})
         proto, self._proto = self._proto, None
         if proto is not None:
             proto.abort(RedisConnectionError("the coordinator was closed"))
