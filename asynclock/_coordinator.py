@@ -82,6 +82,11 @@ class Coordinator:
         self._watchdog = Watchdog(backend, self._spawn, self._recorder)
         self._closed = False
         self._shut = asyncio.Event()  # set by aclose()
+        # The close on its way (see aclose): every aclose() call waits for this one.
+        self._closing: asyncio.Future[None] | None = None
+        # The event loop of the first use: asyncio objects (connections, pools, timers)
+        # belong to one loop, so a use from another one fails at once (_check_open).
+        self._loop: asyncio.AbstractEventLoop | None = None
         # Acquires on their way: aclose() lets them give back what they were granted
         # before it closes the backend.
         self._in_flight = 0
@@ -303,17 +308,38 @@ class Coordinator:
     # -- lifecycle -------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Release every lease still held (their bodies are cancelled as on loss), stop
-        the watchdog, and close what :func:`connect` opened. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._shut.set()
-        for lease in list(self._held):
-            lease._lose("the coordinator was closed")
-        for slot in list(self._waiting):
-            slot._wake()  # waiting acquires see the coordinator closed and raise
-        self._watchdog.close()
+        """Release every lease still held, stop the watchdog, and close what
+        :func:`connect` opened. Idempotent.
+
+        The bodies of other tasks' leases are cancelled as on loss (their blocks raise
+        :class:`~asynclock.LockLost`); a lease whose own body calls ``aclose()`` is
+        released instead, and its block ends without error. The close runs to its end
+        even if the call is cancelled (it is bounded: about 5 s for releases still in
+        flight); a later ``aclose()`` waits for it. Raises ``RuntimeError`` when called
+        from another event loop than the coordinator's.
+        """
+        closing = self._closing
+        if closing is None:
+            self._check_loop()
+            self._closed = True
+            self._shut.set()
+            me = asyncio.current_task()
+            for lease in list(self._held):
+                if lease._in_body and lease._task is me:
+                    lease._end_by_own_close()  # its body is the caller: nothing to cancel
+                else:
+                    lease._lose("the coordinator was closed")
+            for slot in list(self._waiting):
+                slot._wake()  # waiting acquires see the coordinator closed and raise
+            self._watchdog.close()
+            closing = self._closing = asyncio.ensure_future(self._close())
+            closing.add_done_callback(_retrieve)
+        # Shielded: a cancelled caller (or one whose own lease's loss cancels it) must not
+        # stop the close half-way with server connections still open.
+        await asyncio.shield(closing)
+
+    async def _close(self) -> None:
+        """The awaited part of :meth:`aclose`, run once as a task of its own."""
         if self._in_flight and not self._backend.native_wait:
             # A request on its way may still be granted: the acquire then gives it back
             # (a background task, awaited below) while the backend can still send. (A
@@ -351,6 +377,20 @@ class Coordinator:
     def _check_open(self) -> None:
         if self._closed:
             raise CoordinatorClosed("this Coordinator is closed")
+        self._check_loop()
+
+    def _check_loop(self) -> None:
+        """Bind to the running event loop on first use; refuse any other loop after."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            raise RuntimeError(
+                "this Coordinator was first used in another event loop: its connections "
+                "and tasks belong to that loop. Make a coordinator in the loop that uses "
+                "it (in the application's lifespan or startup hook, or a test fixture), "
+                "not at import time for several asyncio.run() calls"
+            )
 
     def _hold(self, lease: Lease, start: float) -> None:
         self._held[lease] = None
@@ -473,6 +513,12 @@ class Coordinator:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(delay, look_until - loop.time())):
                     await self._shut.wait()
+
+
+def _retrieve(closing: asyncio.Future[None]) -> None:
+    """Mark a close's error as seen: every caller of aclose() may have been cancelled."""
+    if not closing.cancelled():
+        closing.exception()
 
 
 def _scheme(url: str) -> str:

@@ -366,6 +366,13 @@ class Lease:
             delay, self._cancel_body, task, min(delay * 2, _REDELIVER_MAX)
         )
 
+    def _end_by_own_close(self) -> None:
+        """The coordinator is closed from inside this lease's own body: the lease ends
+        released (its body is the caller: there is nothing to cancel, and no loss to
+        report), and its lock is given back with the rest of the close."""
+        if self._end(_RELEASED):
+            self._coord._discard(self._claim, self.ttl)
+
     def __repr__(self) -> str:
         held = self._state is _HELD
         state = f"expires_in={self.expires_in:.1f}s" if held else self._state.value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 
@@ -317,6 +318,36 @@ class TestCancellation:
 
 
 class TestClose:
+    async def test_aclose_inside_a_leases_own_body(self, make_coord: MakeCoord) -> None:
+        """A body that closes its own coordinator is not cancelled by that close: its
+        lease ends released, its block ends without LockLost, and the lock is free."""
+        coord, observer = make_coord(), make_coord()
+        async with coord.lock("own", ttl=30) as lease:
+            await coord.aclose()
+            assert not lease.held
+            assert not lease.lost
+        assert await observer.inspect("own") is None
+        assert coord.stats().losses == 0
+
+    @pytest.mark.parametrize("steps", [0, 1, 2, 3, 5])
+    async def test_an_interrupted_aclose_is_finished(
+        self, make_coord: MakeCoord, steps: int
+    ) -> None:
+        """An aclose() cancelled part-way goes on to its end (the lease given back, the
+        backend closed), and a second aclose() waits for it rather than returning at once
+        with the backend still open."""
+        coord, observer = make_coord(), make_coord()
+        lease = await coord.lock("closing", ttl=30).acquire()
+        closing = asyncio.create_task(coord.aclose())
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        closing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await closing
+        await coord.aclose()
+        assert not lease.held
+        assert await observer.inspect("closing") is None
+
     async def test_aclose_wakes_waiting_acquires(self, make_coord: MakeCoord) -> None:
         """Closing a coordinator ends its waiting acquires at once, holding nothing."""
         a, b = make_coord(), make_coord()

@@ -130,6 +130,41 @@ class TestConnect:
         assert not issubclass(asynclock.CoordinatorClosed, asynclock.BackendError)
 
 
+class TestEventLoops:
+    @pytest.mark.parametrize("kind", ["memory", "redis", "postgres", "redlock"])
+    def test_a_second_event_loop_is_refused_at_once(
+        self, request: pytest.FixtureRequest, namespace: str, kind: str
+    ) -> None:
+        """A coordinator made outside any loop and used in one: a use from another event
+        loop (a second asyncio.run(), a test client's own loop) fails at once with an
+        error that says so. It waited forever (timeout=None) or blamed the server."""
+        if kind == "memory":
+            coord = asynclock.connect(f"memory://{namespace}")
+        elif kind == "redis":
+            coord = asynclock.connect(request.getfixturevalue("asynclock_redis_url"))
+        elif kind == "postgres":
+            dsn = request.getfixturevalue("asynclock_postgres_dsn")
+            coord = asynclock.connect(dsn, namespace=namespace)
+        else:
+            urls = request.getfixturevalue("asynclock_redlock_urls")
+            coord = asynclock.connect(urls, prefix=namespace, node_timeout=0.25)
+
+        async def use() -> None:
+            async with coord.lock(f"{namespace}-loops", ttl=10, timeout=None):
+                pass
+
+        first = asyncio.new_event_loop()
+        try:
+            first.run_until_complete(use())
+            for call in (use, lambda: coord.inspect("x"), coord.aclose):
+                with pytest.raises(RuntimeError, match="another event loop"):
+                    asyncio.run(asyncio.wait_for(call(), 30))
+            first.run_until_complete(use())  # still fine in its own loop
+            first.run_until_complete(coord.aclose())
+        finally:
+            first.close()
+
+
 class TestWakeHub:
     async def test_wake_one_oldest_first(self) -> None:
         """A notification wakes the oldest waiting slot only."""

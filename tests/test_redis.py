@@ -294,6 +294,48 @@ class TestFrozenServer:
             assert caught.value.__cause__ is not None
 
 
+class TestCloseLeavesNoConnection:
+    @pytest.mark.parametrize("steps", [0, 1, 2, 3, 5, 8])
+    async def test_an_interrupted_aclose_closes_every_connection(
+        self, asynclock_redis_url: str, namespace: str, steps: int
+    ) -> None:
+        """aclose() cancelled part-way, with a lease held and a waiter subscribed: the
+        close goes on to its end, and a second aclose() returns only when no connection
+        to the server is left (it returned at once, leaving the pipelined and pub/sub
+        connections open)."""
+        async with FaultProxy.from_url(asynclock_redis_url) as proxy:
+            coord = asynclock.connect(proxy.url_for(asynclock_redis_url), prefix=namespace)
+            lease = await coord.lock("held", ttl=30).acquire()
+            waiting = asyncio.create_task(coord.lock("held", ttl=30).acquire())
+            assert await eventually(lambda: len(coord._waiting) == 1)
+            assert proxy.stats.active >= 2
+            closing = asyncio.create_task(coord.aclose())
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            closing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await closing
+            await coord.aclose()
+            # (the proxy sees a socket close a loop iteration or two later)
+            assert await eventually(lambda: proxy.stats.active == 0)
+            assert not lease.held
+            with pytest.raises(asynclock.CoordinatorClosed):
+                await waiting
+
+    async def test_aclose_in_a_leases_own_body_closes_every_connection(
+        self, asynclock_redis_url: str, namespace: str
+    ) -> None:
+        """aclose() called inside a lock's own body: the block ends without LockLost and
+        no connection is left (the close cancelled its own caller half-way)."""
+        async with FaultProxy.from_url(asynclock_redis_url) as proxy:
+            coord = asynclock.connect(proxy.url_for(asynclock_redis_url), prefix=namespace)
+            async with coord.lock("own", ttl=30):
+                await coord.aclose()
+            assert await eventually(lambda: proxy.stats.active == 0)
+            async with asynclock.connect(asynclock_redis_url, prefix=namespace) as other:
+                assert await other.inspect("own") is None
+
+
 class TestScripts:
     async def test_script_flush_mid_run(
         self, redis_coord: asynclock.Coordinator, raw: Redis

@@ -65,7 +65,7 @@ import logging
 import math
 import random
 import re
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol
 from urllib.parse import quote, unquote, urlsplit
@@ -556,6 +556,8 @@ class PostgresBackend(Backend):
         self._registered: set[str] = set()
         self._owns_pool = False
         self._pool_started = False
+        # from_dsn(): makes the pool again at first use, in the loop that uses it.
+        self._make_pool: Callable[[], asyncpg.Pool[Any]] | None = None
         args = getattr(pool, "_connect_args", ())
         dsn = args[0] if args and isinstance(args[0], str) else ""
         self._where = f"PostgreSQL {_describe_dsn(dsn)}" if dsn else "PostgreSQL pool"
@@ -587,11 +589,23 @@ class PostgresBackend(Backend):
         ``options`` not meant for :class:`PostgresBackend` go to ``asyncpg.create_pool``.
         """
         own = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
-        pool = asyncpg.create_pool(
-            _usable_dsn(dsn), min_size=0, max_size=max_connections, reset=_keep_as_is, **options
-        )
-        backend = cls(pool, **own)
+        dsn = _usable_dsn(dsn)
+
+        def make_pool(loop: asyncio.AbstractEventLoop | None = None) -> asyncpg.Pool[Any]:
+            return asyncpg.create_pool(
+                dsn, min_size=0, max_size=max_connections, reset=_keep_as_is, loop=loop, **options
+            )
+
+        # An asyncpg pool belongs to the loop it is made in, and connect() may run outside
+        # any (at import time): this one only describes the pool until the first use
+        # makes the real one in the running loop (_statements). Its loop is never run.
+        placeholder = asyncio.new_event_loop()
+        try:
+            backend = cls(make_pool(placeholder), **own)
+        finally:
+            placeholder.close()
         backend._owns_pool = True
+        backend._make_pool = make_pool
         return backend
 
     # -- setup -----------------------------------------------------------------------
@@ -611,6 +625,8 @@ class PostgresBackend(Backend):
                 return ready
             with self._errors:
                 if self._owns_pool and not self._pool_started:
+                    if self._make_pool is not None:
+                        self._pool = self._make_pool()  # in the running loop (from_dsn)
                     await self._pool  # connects nothing: min_size is 0
                     self._pool_started = True
                 async with self._borrowed() as conn:
@@ -1244,7 +1260,8 @@ class PostgresBackend(Backend):
 
     @property
     def pool(self) -> asyncpg.Pool[Any]:
-        """The asyncpg pool in use."""
+        """The asyncpg pool in use (:meth:`from_dsn`: made at the first use, in its
+        event loop; before that, a pool that is never started)."""
         return self._pool
 
     def key(self, name: str) -> int:
