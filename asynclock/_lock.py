@@ -39,10 +39,11 @@ _NATIVE_WAIT_SLACK = 0.5
 # (a positive timeout is as patient as timeout=0 with a server that answers; one that does
 # not is given up on after this, or the timeout if longer).
 _FIRST_ANSWER = 0.25
-# A lost lease's body is cancelled again, until it leaves the block, after these delays
-# (doubling up to the second): a cancel the body swallowed must not let it run on. Short:
-# a body busy with redis-py calls on Python 3.11 swallows most deliveries (its sends
-# run under asyncio.wait_for), and with 50 ms apart one ran on for 200 ms.
+# A lost lease's body is cancelled again, until it leaves the block: a cancel the body
+# swallowed must not let it run on. On every turn of the event loop for the first
+# _REDELIVER_EAGER seconds (see Lease._cancel_body), then after these delays (doubling
+# up to the second), so that a body that swallows every cancel costs little CPU.
+_REDELIVER_EAGER = 0.05
 _REDELIVER_FIRST = 0.001
 _REDELIVER_MAX = 0.005
 # A grant whose reply comes with less than this share of its local validity left is
@@ -345,26 +346,37 @@ class Lease:
             return
         task = self._task
         if self._cancel_on_lost and self._in_body and task is not None and not task.done():
-            self._cancel_body(task, _REDELIVER_FIRST)
+            loop = asyncio.get_running_loop()
+            self._cancel_body(task, loop.time() + _REDELIVER_EAGER, _REDELIVER_FIRST)
         # Whatever the server still has of ours goes now, not when its TTL runs out.
         self._coord._discard(self._claim, self.ttl)
 
-    def _cancel_body(self, task: asyncio.Task[object], delay: float) -> None:
+    def _cancel_body(self, task: asyncio.Task[object], eager_until: float, delay: float) -> None:
         """Cancel the body, and again while it has not left the block.
 
         Level-triggered, as a cancelled scope is in anyio and Trio: a single cancel can be
-        swallowed before the body sees it (``asyncio.wait_for`` on Python 3.11, which
-        redis-py sends commands under, returns the result of an inner call that finished
-        as the cancel arrived), and the body would then run on unprotected. Each cancel
-        is counted and taken back with ``uncancel()`` when the block is left.
+        swallowed before the body sees it, and the body would then run on unprotected.
+        ``asyncio.wait_for`` on Python 3.11 (redis-py sends every command under it)
+        returns the result of an inner call that finished in the loop turn before the
+        cancel lands: a body busy with redis-py calls swallowed hundreds of cancels sent
+        a millisecond apart, and ran on for a second under CPU load. A cancel sent on
+        every loop turn also lands in the turns where the body waits for a reply, where
+        nothing swallows it: such a body stops within a round trip or two. After
+        ``eager_until`` (loop time) the cancels are spaced out (``delay``, doubling), so
+        that a body that swallows every cancel does not keep the loop busy. Each cancel is
+        counted and taken back with ``uncancel()`` when the block is left.
         """
         if not self._in_body or task.done():
             return
         self._cancels += 1
         task.cancel(f"asynclock: lease on {self.name!r} lost: {self._reason}")
-        asyncio.get_running_loop().call_later(
-            delay, self._cancel_body, task, min(delay * 2, _REDELIVER_MAX)
-        )
+        loop = asyncio.get_running_loop()
+        if loop.time() < eager_until:
+            loop.call_soon(self._cancel_body, task, eager_until, delay)
+        else:
+            loop.call_later(
+                delay, self._cancel_body, task, eager_until, min(delay * 2, _REDELIVER_MAX)
+            )
 
     def _end_by_own_close(self) -> None:
         """The coordinator is closed from inside this lease's own body: the lease ends

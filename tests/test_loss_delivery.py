@@ -22,6 +22,8 @@ from asynclock import LockLost
 
 TTL = 0.9
 ROUNDS = 15
+# Round trips a body may start once its lease is marked lost (seen: 1 or 2).
+MOST_CALLS_AFTER_LOSS = 10
 
 
 @pytest.fixture
@@ -58,25 +60,24 @@ async def test_a_lost_lease_stops_a_body_busy_with_driver_calls(
 ) -> None:
     """The lock key is deleted behind the holder's back while its body makes round trip
     after round trip: each time, the body stops within a renewal period (plus slack)
-    and ``async with`` raises LockLost; no round trip starts more than a few ms after the
-    lease was marked lost (on Python 3.11 redis-py swallows most of the first
-    deliveries: the body runs on for some ms; bounded at 1 s for a loaded machine)."""
+    and ``async with`` raises LockLost, having started at most a few round trips after
+    the lease was marked lost. (On Python 3.11 redis-py swallows a cancel that lands as
+    a send finishes: with cancels sent a millisecond apart, a body ran hundreds of round
+    trips after the loss, for up to a second under CPU load; they are now sent on every
+    loop turn at first, and one lands while the body waits for a reply.)"""
     async with asynclock.connect(asynclock_redis_url, prefix=namespace) as coord:
         for _ in range(ROUNDS):
             tampered_at = 0.0
+            calls_after_loss = 0
             with pytest.raises(LockLost) as caught:
                 async with coord.lock("busy", ttl=TTL) as lease:
                     await raw.delete(f"{namespace}:{{busy}}")
                     tampered_at = time.monotonic()
-                    lost_at: float | None = None
                     while True:
                         if lease.lost:
-                            lost_at = lost_at or time.monotonic()
-                            # Calls started after the loss: the cancel is sent again at
-                            # most 5 ms apart, so the body cannot run on for long (a few
-                            # ms; the bound is for a loaded machine: without redelivery
-                            # the body would run on until the test's timeout).
-                            assert time.monotonic() - lost_at < 1.0, "the body ran on"
+                            # A count, not a time: it does not depend on the machine.
+                            calls_after_loss += 1
+                            assert calls_after_loss <= MOST_CALLS_AFTER_LOSS, "the body ran on"
                         await driver_call()
             # Noticed at the next renewal (TTL / 3), with room for a loaded machine.
             assert time.monotonic() - tampered_at < TTL / 3 + 1.0
