@@ -3,10 +3,17 @@
  * ttl - elapsed - drift, fence = max over the majority (each node's next_fence is
  * max(counter + 1, time)), written back (RAISE_FENCE) and granted only once a majority
  * stores it, release everywhere, a node restarting empty with or without a restart delay.
+ * Every round writes a fresh token; a lease's release carries the token of the round
+ * that was granted. A release (a refused round's give-back, a lease's release) may land
+ * at any later time, or never: the courier delivers it, compare-and-delete (5 nodes: a
+ * client's releases land together). ACQUIRE grants a free node, and again a node whose
+ * key already holds the requesting token (a round sends one request per node, so with
+ * fresh tokens only M_SAME_TOKEN reaches that path).
  *
  * Code modelled (see README "Why it is safe"):
  *   asynclock/backends/redlock.py  RedlockBackend._acquire_once, release, _Tally/_each
- *   asynclock/backends/_scripts.py  ACQUIRE (with ARGV[4] floor), RAISE_FENCE, RELEASE
+ *   asynclock/backends/_scripts.py  ACQUIRE (with ARGV[4] floor, already ours), RAISE_FENCE,
+ *                                   RELEASE
  *
  * Properties (-D): P_EXCL never two locally valid holders; P_FENCE fences of successive
  * grants strictly increase; P_WRITES accepted writes of two holders never interleave.
@@ -15,16 +22,16 @@
  * one clock that never steps back; 0: counters only, clocks not trusted).
  * Mutants (-D): M_NO_WRITEBACK, M_NO_MAJORITY (grant on fewer nodes), M_NO_ELAPSED
  * (validity not reduced by the time the fan-out took), M_WRITEBACK_UNCONFIRMED (a
- * write-back request counts as stored without its confirmation).
+ * write-back request counts as stored without its confirmation), M_SAME_TOKEN (every
+ * round of a client writes one token: a late release of an earlier round deletes a
+ * later round's grant).
  */
 
 #ifndef NODES
 #define NODES 3
 #endif
 #define Q (NODES / 2 + 1)
-#ifndef NC
-#define NC 2
-#endif
+#define NC 2            /* clients (the monitor, FORGET and the courier name both) */
 #ifndef ROUNDS
 #define ROUNDS 1        /* acquire rounds per client */
 #endif
@@ -66,28 +73,56 @@ byte mytok[NC];
 #define LIVE(n, t) (tok[n] == (t) && exp[n] > now)
 #define UP(n) (now >= down[n])
 
-/* compare-and-delete on every node at once; each request may be lost (the key then
-   lapses with its TTL); a node that is down answers nothing */
-inline release_all(i) {
-#if NODES > 3
-    /* 5 nodes (state space): the requests all arrive, or all are lost */
-    if
-    :: for (n : 0 .. NODES - 1) {
-        if
-        :: UP(n) && LIVE(n, mytok[i]) -> tok[n] = 0; exp[n] = 0
-        :: else -> skip
-        fi
-       }
-    :: skip
-    fi;
+/* Releases in flight: rel[c * NODES + n] is the token a release of client c to node n
+   deletes when it lands (0: none). At most one per client and node. */
+byte rel[NC * NODES];
+
+/* Fresh tokens: once its round is over, a token is never written again, so a release
+   in flight to a node that does not hold its token (any more) deletes nothing wherever
+   it lands: it is dropped at once (one state however it ends). Only a release to a node
+   holding its token is in flight, so a node has at most one (tokens of two clients
+   differ), and a client never has two to one node. With M_SAME_TOKEN a later round
+   writes the token again: every release stays in flight until it lands. */
+#ifdef M_SAME_TOKEN
+#define KEEP(n, t) true
+#define FORGET(n) skip
 #else
+#define KEEP(n, t) LIVE(n, t)
+#define FORGET(n) rel[n] = 0; rel[NODES + n] = 0
+#endif
+
+/* a release lands on node n: RELEASE is compare-and-delete; a node that is down answers
+   nothing (the request is lost) */
+inline land(c, n) {
+    if
+    :: UP(n) && LIVE(n, rel[(c) * NODES + (n)]) ->
+        printf("MSC: t=%d client %d's release of token %d lands on node %d\n", now, c, tok[n], n);
+        tok[n] = 0; exp[n] = 0
+    :: else -> skip
+    fi;
+    rel[(c) * NODES + (n)] = 0
+}
+
+/* release on every node: each request is in flight until the courier delivers it, at
+   any later time, or never (lost: the key then lapses with its TTL). A release still in
+   flight from an earlier round to the same node (M_SAME_TOKEN only) lands now or is
+   lost. */
+inline release_all(i) {
     for (n : 0 .. NODES - 1) {
         if
-        :: UP(n) && LIVE(n, mytok[i]) -> tok[n] = 0; exp[n] = 0
-        :: true -> skip
+        :: KEEP(n, mytok[i]) ->
+            if
+            :: rel[i * NODES + n] != 0 ->
+                if
+                :: land(i, n)
+                :: rel[i * NODES + n] = 0
+                fi
+            :: else -> skip
+            fi;
+            rel[i * NODES + n] = mytok[i]
+        :: else -> skip
         fi
     }
-#endif
     n = 0
 }
 
@@ -96,7 +131,18 @@ proctype client(byte i) {
     byte reply[NODES];
 end:
     do
-    :: atomic { !held[i] && r < ROUNDS -> r++; mytok[i] = i * ROUNDS + r; start = now; k = 0 }
+    :: atomic { !held[i] && r < ROUNDS -> r++;
+#ifdef M_SAME_TOKEN
+        /* the old code: every round of one acquire writes the token of its first round
+           (the next acquire, after a lease, has a new one) */
+        if
+        :: mytok[i] == 0 -> mytok[i] = i * ROUNDS + r
+        :: else -> skip
+        fi;
+#else
+        mytok[i] = i * ROUNDS + r;     /* a fresh token for every round */
+#endif
+        start = now; k = 0 }
         /* fan-out: every node, each bounded by the node timeout; a node may not be
            reached, or run the script and answer too late (its reply is then lost).
            ONE_STEP: the whole round at one instant (used for 5 nodes: state space) */
@@ -116,14 +162,24 @@ end:
                 big = ctr[n] + 1;
 #endif
                 ctr[n] = big;
-                printf("MSC: t=%d node %d grants client %d, fence %d\n", now, n, i, big);
+                printf("MSC: t=%d node %d grants client %d, fence %d\n", now, n, i, big)
+            :: UP(n) && LIVE(n, mytok[i]) ->
+                /* already ours (a key with this token): granted again, renewed to a full
+                   ttl from now, with the fence the node stores (a node that lost its
+                   counter lost the key too) */
+                exp[n] = now + TTL; big = ctr[n];
+                printf("MSC: t=%d node %d grants client %d again (already ours), fence %d\n", now, n, i, big)
+            :: true -> skip             /* refused, lost, or the node is down */
+            fi;
+            if
+            :: big > 0 ->
                 if
                 :: reply[n] = big       /* answered in time */
 #if NODES <= 3
                 :: skip                 /* answered too late: counted as failed */
 #endif
                 fi
-            :: true -> skip             /* refused, lost, or the node is down */
+            :: else -> skip
             fi;
             big = 0; n = 0; k++ }
         :: else -> break
@@ -206,6 +262,7 @@ end:
                 last_fence = big
             :: else ->
                 /* no majority: give back everywhere at once */
+                printf("MSC: t=%d client %d refused, gives back token %d\n", now, i, mytok[i]);
                 release_all(i)
             fi;
             for (n : 0 .. NODES - 1) { reply[n] = 0 }
@@ -224,7 +281,15 @@ end:
 #endif
 
     /* release on every node, including those that failed earlier */
-    :: atomic { held[i] -> held[i] = false; vu[i] = 0; fence[i] = 0; release_all(i) }
+    :: atomic { held[i] -> held[i] = false; vu[i] = 0; fence[i] = 0;
+        printf("MSC: t=%d client %d releases token %d\n", now, i, mytok[i]);
+        release_all(i);
+#ifdef M_SAME_TOKEN
+        mytok[i] = 0
+#else
+        skip
+#endif
+        }
     od
 }
 
@@ -237,7 +302,7 @@ end:
         /* expired keys are gone (one state, however they expired) */
         for (n : 0 .. NODES - 1) {
             if
-            :: tok[n] != 0 && exp[n] <= now -> tok[n] = 0; exp[n] = 0
+            :: tok[n] != 0 && exp[n] <= now -> tok[n] = 0; exp[n] = 0; FORGET(n)
             :: else -> skip
             fi;
             if
@@ -252,12 +317,36 @@ end:
         :: n = 0
         :: n = 1
         fi;
-        tok[n] = 0; exp[n] = 0; ctr[n] = 0;
+        tok[n] = 0; exp[n] = 0; ctr[n] = 0; FORGET(n);
         printf("MSC: t=%d node %d restarts empty (restart delay: %d)\n", now, n, DELAY);
 #if DELAY
         down[n] = now + TTL;
 #endif
         n = 0 }
+    od
+}
+
+/* delivers releases in flight, each at any time after it was sent (possibly after the
+   same client's next round, on another connection); one never delivered is lost */
+#define DELIVER(c, n) :: atomic { rel[(c) * NODES + (n)] != 0 -> land(c, n) }
+#define ANY(c) (rel[(c) * NODES] + rel[(c) * NODES + 1] + rel[(c) * NODES + 2] + \
+                rel[(c) * NODES + 3] + rel[(c) * NODES + 4] > 0)
+active proctype courier() {
+    byte n;
+end:
+    do
+#if NODES > 3
+    /* 5 nodes (state space): a client's releases land on every node at once */
+    :: atomic { ANY(0) -> for (n : 0 .. NODES - 1) { land(0, n) } n = 0 }
+    :: atomic { ANY(1) -> for (n : 0 .. NODES - 1) { land(1, n) } n = 0 }
+#else
+    DELIVER(0, 0)
+    DELIVER(0, 1)
+    DELIVER(0, 2)
+    DELIVER(1, 0)
+    DELIVER(1, 1)
+    DELIVER(1, 2)
+#endif
     od
 }
 
