@@ -542,8 +542,12 @@ local now = now_ms()
 local holder = redis.call('GET', KEYS[1])
 local mine = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if holder == MARK and mine and tonumber(mine) > now then
-  -- A retry of a granted request: the same grant, renewed.
-  redis.call('ZADD', KEYS[3], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+  -- A retry of a granted request: the same grant, renewed to a full ttl from now, never
+  -- shortened (a stale copy must not cut a lease extended since; see ACQUIRE).
+  local until_ = now + tonumber(ARGV[2])
+  if tonumber(mine) < until_ then
+    redis.call('ZADD', KEYS[3], 'XX', until_, ARGV[1])
+  end
   keep_until(KEYS[3], KEYS[4], now, KEYS[1])
   leave(KEYS[7], KEYS[8], ARGV[1])
   return tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or 0)
@@ -655,7 +659,8 @@ ACQUIRE_PERMIT = Script(
 -- ARGV[6] its client's inbox
 -- Expired permits are dropped first; then granted while fewer than ARGV[4] are held.
 -- The same holder asking again (a retry after a lost reply) gets its grant back,
--- renewed. Returns the fence (> 0), or minus the ms until the first permit expires.
+-- renewed, never shortened (see ACQUIRE). Returns the fence (> 0), or minus the ms until
+-- the first permit expires.
 """
     + _NOW
     + _FENCE
@@ -665,8 +670,12 @@ ACQUIRE_PERMIT = Script(
     + """
 local now = now_ms()
 drop_expired(KEYS[1], KEYS[3], now)
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if mine then
+  local until_ = now + tonumber(ARGV[2])
+  if tonumber(mine) < until_ then
+    redis.call('ZADD', KEYS[1], 'XX', until_, ARGV[1])
+  end
   keep_until(KEYS[1], KEYS[3], now)
   leave(KEYS[4], KEYS[5], ARGV[1])
   return tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or 0)
