@@ -1,8 +1,11 @@
-"""Requests sent again: a stale copy of an acquire never shortens a lease."""
+"""Requests sent again: a stale copy of an acquire never shortens a lease, and a release
+run twice answers "released" twice (but never for a lease that had expired).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -12,11 +15,14 @@ from redis.asyncio import Redis
 import asynclock
 from asynclock import LockTimeout
 from asynclock.backends import RedisBackend
+from asynclock.backends._scripts import RELEASED_CAP
 from asynclock.backends.redis import Call, Keys
+from asynclock.testing.proxy import FaultProxy
 
 from .conftest import redis_backend
 
 Kind = Literal["lock", "fair", "reader", "permit"]
+KINDS: tuple[Kind, ...] = ("lock", "fair", "reader", "permit")
 
 
 @pytest.fixture
@@ -41,6 +47,16 @@ def acquire_call(backend: RedisBackend, kind: Kind, keys: Keys, value: str, ttl:
     if kind == "fair":
         return backend.fair_call(keys, value, ttl, queue=None)
     return backend.acquire_call(keys, value, ttl)
+
+
+def release_call(backend: RedisBackend, kind: Kind, keys: Keys, value: str) -> Call:
+    """The release request of ``kind``, as the backend sends it (a fair lock's is a
+    lock's)."""
+    if kind == "reader":
+        return backend.release_shared_call(keys, value)
+    if kind == "permit":
+        return backend.release_permit_call(keys, value)
+    return backend.release_call(keys, value)
 
 
 def lock_of(coord: asynclock.Coordinator, kind: Kind, ttl: float, **options: Any) -> asynclock.Lock:
@@ -80,3 +96,95 @@ class TestStaleAcquireCopies:
             await (other or coord.semaphore("n", 1, timeout=0)).acquire()
         assert lease.held
         await lease.release()
+
+
+class TestReleaseSentAgain:
+    @pytest.mark.parametrize("kind", KINDS)
+    async def test_a_release_run_twice_answers_released_twice(
+        self, redis_coord: asynclock.Coordinator, kind: Kind
+    ) -> None:
+        """The same release run a second time (its first reply lost) answers 1 again, and
+        the lease whose release it was then ends released, not lost."""
+        coord = redis_coord
+        backend = redis_backend(coord)
+        lease = await lock_of(coord, kind, 10).acquire()
+        call = release_call(backend, kind, backend.keys("n"), value_of(coord, lease))
+        assert await backend.run(call) == 1
+        assert await backend.run(call) == 1
+        await lease.release()  # a third time, through the lease
+        assert coord.stats().losses == 0
+        assert not await coord.is_locked("n")
+
+    @pytest.mark.parametrize("kind", KINDS)
+    async def test_a_release_never_answers_released_for_an_expired_grant(
+        self, redis_coord: asynclock.Coordinator, kind: Kind
+    ) -> None:
+        """A value released, granted again (a grant given back, then retried) and expired:
+        its release answers 0, whatever its earlier release left behind; so does a value
+        that expired without ever being released."""
+        backend = redis_backend(redis_coord)
+        keys = backend.keys("n")
+        value = f"{secrets.token_hex(16)}:test"
+        assert int(await backend.run(acquire_call(backend, kind, keys, value, 10))) > 0
+        assert await backend.run(release_call(backend, kind, keys, value)) == 1
+        assert int(await backend.run(acquire_call(backend, kind, keys, value, 0.05))) > 0
+        await asyncio.sleep(0.1)  # expired
+        assert await backend.run(release_call(backend, kind, keys, value)) == 0
+        never = f"{secrets.token_hex(16)}:test"
+        assert int(await backend.run(acquire_call(backend, kind, keys, never, 0.05))) > 0
+        await asyncio.sleep(0.1)
+        assert await backend.run(release_call(backend, kind, keys, never)) == 0
+
+    async def test_released_values_are_bounded_in_time_and_number(
+        self, redis_coord: asynclock.Coordinator, raw: Redis
+    ) -> None:
+        """A name remembers at most RELEASED_CAP released values (the oldest go first),
+        each for its window only, in a key that expires with the last window."""
+        backend = redis_backend(redis_coord)
+        keys = backend.keys("n")
+        values = [f"{secrets.token_hex(16)}:test" for _ in range(RELEASED_CAP + 3)]
+        for value in values:
+            assert int(await backend.run(acquire_call(backend, "lock", keys, value, 10))) > 0
+            assert await backend.run(release_call(backend, "lock", keys, value)) == 1
+        assert await raw.zcard(keys.released) == RELEASED_CAP
+        assert 0 < await raw.pttl(keys.released) <= backend.released_ms()
+        assert await backend.run(release_call(backend, "lock", keys, values[0])) == 0
+        assert await backend.run(release_call(backend, "lock", keys, values[-1])) == 1
+        # A window of 50 ms: run again after it, the release answers 0.
+        value = f"{secrets.token_hex(16)}:test"
+        assert int(await backend.run(acquire_call(backend, "lock", keys, value, 10))) > 0
+        script, numkeys, args = release_call(backend, "lock", keys, value)
+        short: Call = (script, numkeys, (*args[:-1], 50))
+        assert await backend.run(short) == 1
+        await asyncio.sleep(0.1)
+        assert await backend.run(short) == 0
+
+    async def test_a_release_resent_after_a_dropped_connection_is_no_loss(
+        self, asynclock_redis_url: str, namespace: str, raw: Redis
+    ) -> None:
+        """The connection closes after the release ran but before its reply came: the
+        release is sent again on a new connection, and the block ends without LockLost
+        (it raised "no longer held at release", with 9.8 s of validity left)."""
+        async with FaultProxy.from_url(asynclock_redis_url) as proxy:
+            url = proxy.url_for(asynclock_redis_url)
+            async with asynclock.connect(url, prefix=namespace) as coord:
+                keys = redis_backend(coord).keys("n")
+
+                async def cut_once_released() -> int:
+                    """Once the release ran on the server, cut the line its reply (held
+                    by the proxy's latency) is on; the connections made until then."""
+                    while await raw.exists(keys.lock):  # noqa: ASYNC110 - the server's state
+                        await asyncio.sleep(0.005)
+                    made = proxy.stats.connections
+                    proxy.reset()
+                    return made
+
+                async with coord.lock("n", ttl=10) as lease:
+                    assert lease.expires_in > 9
+                    proxy.set_latency(0.3)
+                    cutter = asyncio.create_task(cut_once_released())
+                made = await cutter
+                assert proxy.stats.connections == made + 1  # sent again, on a new one
+                stats = coord.stats()
+                assert (stats.losses, stats.releases) == (0, 1)
+                assert not await raw.exists(keys.lock)
