@@ -1,10 +1,12 @@
-"""Requests sent again: a stale copy of an acquire never shortens a lease, and a release
-run twice answers "released" twice (but never for a lease that had expired).
+"""Requests sent again, and releases tried again: a stale copy of an acquire never
+shortens a lease, a release run twice answers "released" twice (but never for a lease that
+had expired), and a cancelled ``release()`` ends released, in the background or by a retry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -13,13 +15,13 @@ import pytest
 from redis.asyncio import Redis
 
 import asynclock
-from asynclock import LockTimeout
+from asynclock import LockNotOwned, LockTimeout
 from asynclock.backends import RedisBackend
 from asynclock.backends._scripts import RELEASED_CAP
 from asynclock.backends.redis import Call, Keys
 from asynclock.testing.proxy import FaultProxy
 
-from .conftest import redis_backend
+from .conftest import MakeCoord, eventually, redis_backend
 
 Kind = Literal["lock", "fair", "reader", "permit"]
 KINDS: tuple[Kind, ...] = ("lock", "fair", "reader", "permit")
@@ -188,3 +190,99 @@ class TestReleaseSentAgain:
                 stats = coord.stats()
                 assert (stats.losses, stats.releases) == (0, 1)
                 assert not await raw.exists(keys.lock)
+
+
+class TestCancelledRelease:
+    """A ``release()`` cancelled while its request is on its way, on every backend."""
+
+    @staticmethod
+    async def cancelled_release(lease: asynclock.Lease, steps: int) -> bool:
+        """Start ``lease.release()``, let the loop run ``steps`` times, cancel it: True if
+        the cancel landed (False: the release had finished already, as in memory)."""
+        task = asyncio.create_task(lease.release())
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        task.cancel()
+        outcome = (await asyncio.gather(task, return_exceptions=True))[0]
+        if task.cancelled():
+            return True
+        assert outcome is None
+        return False
+
+    @pytest.mark.parametrize("steps", [1, 2, 3])
+    async def test_a_retried_release_succeeds(
+        self, make_coord: MakeCoord, caplog: pytest.LogCaptureFixture, steps: int
+    ) -> None:
+        """Retried at once, the release returns (the lock was ours: the cancelled request
+        or the background give-back released it); a second release after it is refused."""
+        caplog.set_level(logging.WARNING, logger="asynclock")
+        coord = make_coord()
+        lease = await coord.lock("n", ttl=5).acquire()
+        if await self.cancelled_release(lease, steps):
+            await lease.release()
+        assert not lease.held
+        with pytest.raises(LockNotOwned):
+            await lease.release()
+        assert coord.stats().losses == 0
+        assert not lease.lost
+        assert not await coord.is_locked("n")
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+    @pytest.mark.parametrize("steps", [1, 2, 3])
+    async def test_the_background_give_back_ends_it_released(
+        self, make_coord: MakeCoord, caplog: pytest.LogCaptureFixture, steps: int
+    ) -> None:
+        """Not retried, the release finishes in the background and the lease ends
+        released, not lost (it counted a loss and logged a WARNING); a release() after
+        that returns."""
+        caplog.set_level(logging.WARNING, logger="asynclock")
+        coord = make_coord()
+        lease = await coord.lock("n", ttl=5).acquire()
+        cancelled = await self.cancelled_release(lease, steps)
+        assert await eventually(lambda: not lease.held, 5.0)
+        assert not lease.lost
+        assert coord.stats().losses == 0
+        if cancelled:
+            await lease.release()  # the retry of the interrupted one
+        assert not await coord.is_locked("n")
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+    async def test_a_retry_cancelled_too_still_ends_released(
+        self, make_coord: MakeCoord, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A retried release cancelled as well keeps the first one's deadline: the lease
+        ends released in the background (it was lost at once: its validity was spent)."""
+        caplog.set_level(logging.WARNING, logger="asynclock")
+        coord = make_coord()
+        lease = await coord.lock("n", ttl=5).acquire()
+        if await self.cancelled_release(lease, 1):
+            await self.cancelled_release(lease, 1)
+        assert await eventually(lambda: not lease.held, 5.0)
+        assert not lease.lost
+        assert coord.stats().losses == 0
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+    async def test_a_task_cancelled_while_leaving_async_with(
+        self, make_coord: MakeCoord, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A task cancelled while its block's release is on its way ends cancelled, and
+        the lease ends released in the background: no loss, no WARNING."""
+        caplog.set_level(logging.WARNING, logger="asynclock")
+        coord = make_coord()
+        gate = asyncio.Event()
+
+        async def body() -> None:
+            async with coord.lock("n", ttl=5):
+                await gate.wait()
+
+        task = asyncio.create_task(body())
+        assert await eventually(lambda: bool(coord.held))
+        gate.set()
+        await asyncio.sleep(0)  # the block ends: its release goes out
+        task.cancel()
+        outcome = (await asyncio.gather(task, return_exceptions=True))[0]
+        assert task.cancelled() or outcome is None  # None: released already (memory)
+        assert await eventually(lambda: not coord.held, 5.0)
+        assert coord.stats().losses == 0
+        assert not await coord.is_locked("n")
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
