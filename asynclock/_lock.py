@@ -257,16 +257,25 @@ class Lease:
 
         Raises :class:`LockNotOwned` when the lease was already released or lost, or the
         server says another holder (or nobody) has the lock; nothing is touched then.
-        If the call fails or is cancelled, the lease stays held (``held`` is still true, a
-        later ``release()`` may try again) but is no longer renewed and has no validity
-        left (``expires_in`` is 0: the release may already have run), ``extend()`` raises
-        :class:`LockNotOwned`, and the release goes on in the background until the server
-        confirms or the TTL has run out.
+        If the call fails or is cancelled, the lease stays held (``held`` is still true)
+        but is no longer renewed and has no validity left (``expires_in`` is 0: the
+        release may already have run), ``extend()`` raises :class:`LockNotOwned`, and the
+        release goes on in the background until the server confirms or the TTL has run
+        out. A later ``release()`` tries again: it returns once the server confirms the
+        release (the interrupted one's included, whether it or the background one got
+        the answer), and raises :class:`LockNotOwned` only if the server says the lock
+        was not this lease's (it had expired, or has another holder).
         """
         if self._state is not _HELD:
+            if self._releasing and self._state is _RELEASED:
+                # The interrupted release was confirmed in the background: this call is
+                # its retry (once; a call after it is a second release).
+                self._releasing = False
+                return
             raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; not released")
         if not await self._release():
             raise LockNotOwned(f"lease on {self.name!r} was no longer held at release")
+        self._releasing = False
 
     async def _release(self) -> bool:
         """Release on the server; True if it confirmed, False if the lock was not ours."""
@@ -291,7 +300,9 @@ class Lease:
             # renewing, and let the background clean-up finish the job (it marks the
             # lease released). The release may have run already: like an extend to 0 of
             # unknown outcome, it leaves no validity from the moment it left, for good.
-            if self._state is _HELD:
+            # A retried release that fails again keeps the first one's deadline (its
+            # validity is already spent: that would be a loss at once).
+            if self._state is _HELD and not self._releasing:
                 deadline = self._valid_until
                 self._releasing = True
                 self._renew = False

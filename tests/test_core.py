@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable, Callable
 
 import pytest
 from hypothesis import given, settings
@@ -153,10 +154,15 @@ class TestEventLoops:
             async with coord.lock(f"{namespace}-loops", ttl=10, timeout=None):
                 pass
 
+        async def look() -> None:
+            await coord.inspect("x")
+
+        calls: list[Callable[[], Awaitable[None]]] = [use, look, coord.aclose]
+
         first = asyncio.new_event_loop()
         try:
             first.run_until_complete(use())
-            for call in (use, lambda: coord.inspect("x"), coord.aclose):
+            for call in calls:
                 with pytest.raises(RuntimeError, match="another event loop"):
                     asyncio.run(asyncio.wait_for(call(), 30))
             first.run_until_complete(use())  # still fine in its own loop

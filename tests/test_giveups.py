@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 from typing import Any
 
@@ -415,6 +416,10 @@ class TestLeavingKeepsTheCallersTime:
             await holder.release()
 
 
+def _waiting_one(coord: asynclock.Coordinator) -> bool:
+    return len(coord._waiting) == 1
+
+
 class TestGivingUpKeepsTheDeadline:
     @pytest.mark.parametrize("kind", ["redis", "redlock"])
     async def test_a_timeout_while_the_server_is_silent_is_not_late(
@@ -446,7 +451,7 @@ class TestGivingUpKeepsTheDeadline:
                 waiting = asyncio.create_task(
                     coord.lock(f"x{trial}", ttl=30, timeout=0.5).acquire()
                 )
-                assert await eventually(lambda c=coord: len(c._waiting) == 1)
+                assert await eventually(functools.partial(_waiting_one, coord))
                 for proxy in proxies:
                     proxy.blackhole()
                 with pytest.raises(asynclock.LockTimeout):

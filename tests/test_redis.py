@@ -868,7 +868,9 @@ class TestWaiterQueue:
         """Uncontended locks leave no queue keys; a waiter's place lapses by itself."""
         async with redis_coord.lock("quiet"):
             pass
-        assert await namespace_keys(raw, namespace) == [f"{namespace}:{{quiet}}:fence".encode()]
+        assert sorted(await namespace_keys(raw, namespace)) == [
+            f"{namespace}:{{quiet}}:{suffix}".encode() for suffix in ("fence", "released")
+        ]
         holder = await redis_coord.lock("lapse", ttl=30).acquire()
         with pytest.raises(LockTimeout):
             await redis_coord.lock("lapse", timeout=0.1).acquire()

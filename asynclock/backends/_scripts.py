@@ -15,6 +15,8 @@ Keys of a name (``P`` = ``prefix:{name}``):
 
 - ``P`` the lock (or :data:`READERS`), ``P:fence`` its fence counter, ``P:wake`` the
   wake-up channel (``P:wake:<client>`` each client's inbox on it);
+- ``P:released`` the holder values released lately (see below), of the lock and its
+  readers;
 - ``P:queue`` / ``P:due`` the waiters for the exclusive lock, in arrival order, and when
   each one's place lapses (with its client's inbox); a live entry is also what keeps new
   readers out (writer preference);
@@ -22,7 +24,18 @@ Keys of a name (``P`` = ``prefix:{name}``):
   (reader -> fence), ``P:readers:queue`` / ``P:readers:due`` the waiting readers;
 - ``P:permits`` (sorted set: holder -> expiry), ``P:permits:grants`` (holder -> fence),
   ``P:permits:fence`` the semaphore's own counter, ``P:permits:queue`` / ``P:permits:due``
-  its waiters: a semaphore shares nothing but the wake-up channel with the lock ``name``.
+  its waiters, ``P:permits:released`` its permits released lately: a semaphore shares
+  nothing but the wake-up channel with the lock ``name``.
+
+Every script gives the same answer when run twice with the same holder value, so a
+request may be sent again after its reply was lost (a connection that closed before
+answering, a give-back after a cancelled release). Acquires find their own grant. A
+release that finds its value gone answers 1 again if that value's release ran lately:
+each release that succeeds remembers the SHA1 of the value it released (a sorted set
+scored by when the memory ends, ms of server time) for a window the caller passes, at
+most :data:`RELEASED_CAP` values per name, the oldest forgotten first; a grant forgets
+its own value, so a lease granted again with the same value (a grant given back and
+retried) and then expired is reported as not held, never as released.
 """
 
 from __future__ import annotations
@@ -44,6 +57,7 @@ __all__ = (
     "RAISE_FENCE",
     "READERS",
     "RELEASE",
+    "RELEASED_CAP",
     "RELEASE_PERMIT",
     "RELEASE_SHARED",
     "Script",
@@ -52,6 +66,10 @@ __all__ = (
 
 #: The lock key's value while readers hold it (never a ``token:identity`` value).
 READERS = "readers"
+
+#: How many released values a name remembers at most (see the module's docstring): the
+#: memory of a hot lock stays small, a few KB per name (a listpack on the server).
+RELEASED_CAP = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +162,7 @@ end
 
 # Holders with their own expiry (readers, permits): a sorted set holder -> expiry (ms of
 # server time) and a hash holder -> fence; the keys expire with their last holder.
-# (Commands beyond the plain lock's: ZSCORE and ZCARD only; see the README's ACL.)
+# (Commands beyond the plain lock's: ZCARD only; see the README's ACL.)
 _HOLDERS = """
 local function drop_expired(set, grants, now)
   for _, holder in ipairs(redis.call('ZRANGE', set, '-inf', now, 'BYSCORE')) do
@@ -165,6 +183,32 @@ local function keep_until(set, grants, now, lock)
   return last
 end
 """
+
+# Released values: a release that succeeded remembers ``id`` (the SHA1 of the value) for
+# ``window`` ms, so that the same release run again (its reply was lost) answers 1 again;
+# a grant forgets its value. Bounded per name: RELEASED_CAP values (the ones whose memory
+# ends first go first), and the key lives no longer than the longest window.
+_RELEASED = """
+local function remember(released, id, now, window)
+  redis.call('ZADD', released, string.format('%d', now + window), id)
+  local old = redis.call('ZRANGE', released, 0, -(RELEASED_CAP + 1))
+  if #old > 0 then
+    redis.call('ZREM', released, unpack(old))
+  end
+  if redis.call('PTTL', released) < window then
+    redis.call('PEXPIRE', released, window)
+  end
+end
+
+-- 1 if ``id`` was released within its window (a release run again), else 0.
+local function released_lately(released, id, now)
+  local until_ = redis.call('ZSCORE', released, id)
+  if until_ and tonumber(until_) > now then
+    return 1
+  end
+  return 0
+end
+""".replace("RELEASED_CAP", str(RELEASED_CAP))
 
 # The oldest waiter whose place has not expired, its client's inbox and when its place
 # lapses, dropping the lapsed ones ahead of it. Not bounded per call, so that a release
@@ -258,11 +302,11 @@ end
 ACQUIRE = Script(
     "acquire",
     """
--- KEYS[1] lock key, KEYS[2] fence counter key
--- KEYS[3] waiter queue, KEYS[4] waiters' expiry times (optional: a caller that waits)
+-- KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] released values
+-- KEYS[4] waiter queue, KEYS[5] waiters' expiry times (optional: a caller that waits)
 -- ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] how long the fence counter outlives use (ms)
 -- ARGV[4] (optional) a floor for the fence: Redlock proposes one value to every node
--- ARGV[5], ARGV[6] (with KEYS[3..4]) how long a refused caller keeps its place in the
+-- ARGV[5], ARGV[6] (with KEYS[4..5]) how long a refused caller keeps its place in the
 -- waiter queue (ms), and the suffix of the channel it listens on (its client's inbox)
 -- Returns the new fence (> 0) when granted; otherwise minus the holder's remaining ms,
 -- or 0 when that is unknown (a key without expiry, set by someone else) or the caller
@@ -270,15 +314,17 @@ ACQUIRE = Script(
 -- Readers hold the lock key too (its value is then the readers' mark), so a writer is
 -- refused while any reader holds; a refused writer's place in the queue keeps new
 -- readers out until it got the lock or its place lapsed (writer preference).
+-- A grant forgets that its value was released (a retry of a grant given back).
 """
     + _FENCE
     + _JOIN
     + _NEXT_WAITER
     + """
-local queued = #KEYS >= 4
+local queued = #KEYS >= 5
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('ZREM', KEYS[3], redis.sha1hex(ARGV[1]))
   if queued then
-    leave(KEYS[3], KEYS[4], ARGV[1])
+    leave(KEYS[4], KEYS[5], ARGV[1])
   end
   return next_fence(KEYS[2], tonumber(ARGV[4] or 0), ARGV[3])
 end
@@ -295,7 +341,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
   end
   if queued then
-    leave(KEYS[3], KEYS[4], ARGV[1])
+    leave(KEYS[4], KEYS[5], ARGV[1])
   end
   local fence = tonumber(redis.call('GET', KEYS[2]) or 0)
   if fence > 0 then
@@ -306,8 +352,8 @@ end
 local pttl = redis.call('PTTL', KEYS[1])
 if queued then
   -- A release wakes the oldest live waiter only.
-  join(KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[5]), ARGV[6])
-  if next_waiter(KEYS[3], KEYS[4]) ~= ARGV[1] then
+  join(KEYS[4], KEYS[5], ARGV[1], tonumber(ARGV[5]), ARGV[6])
+  if next_waiter(KEYS[4], KEYS[5]) ~= ARGV[1] then
     -- Only the first waiter comes back when the holder's lease ends (a holder that
     -- died publishes nothing): the others wait for the wake-up of its release, or
     -- their own (jittered) backoff, not all at the same millisecond.
@@ -325,6 +371,7 @@ ACQUIRE_FAIR = Script(
     "acquire_fair",
     """
 -- KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] waiter queue, KEYS[4] expiry times
+-- KEYS[5] released values
 -- ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] fence retention (ms)
 -- ARGV[4] how long a refused caller keeps its place in the queue (ms; 0: it does not
 -- queue, it tried once), ARGV[5] its client's inbox
@@ -353,6 +400,7 @@ end
 local first, _, lapses = next_waiter(KEYS[3], KEYS[4])
 if (first == nil or first == ARGV[1])
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('ZREM', KEYS[5], redis.sha1hex(ARGV[1]))  -- see ACQUIRE
   leave(KEYS[3], KEYS[4], ARGV[1])
   return next_fence(KEYS[2], 0, ARGV[3])
 end
@@ -378,21 +426,26 @@ RELEASE = Script(
     """
 -- KEYS[1] lock key, KEYS[2] wake-up channel (declared so Cluster routes it with the lock)
 -- KEYS[3] waiter queue, KEYS[4] waiters' expiry times, KEYS[5] readers' queue,
--- KEYS[6] readers' expiry times
--- ARGV[1] holder value
--- Deletes the lock and wakes waiters only if ARGV[1] still holds it. Returns 1 or 0.
+-- KEYS[6] readers' expiry times, KEYS[7] released values
+-- ARGV[1] holder value, ARGV[2] how long the release is remembered (ms)
+-- Deletes the lock and wakes waiters only if ARGV[1] still holds it. Returns 1 (also
+-- when run again: ARGV[1] released it within ARGV[2] ms) or 0.
 -- The message names the release (a digest, not the token), so that Redlock waiters can
 -- count the nodes one release reached, and whom it wakes: the oldest live exclusive
 -- waiter if any (a writer first), else every waiting reader.
 """
+    + _NOW
+    + _RELEASED
     + _WAKE
     + """
+local id = redis.sha1hex(ARGV[1])
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  hand_on(KEYS[2], redis.sha1hex(ARGV[1]), KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+  remember(KEYS[7], id, now_ms(), tonumber(ARGV[2]))
+  hand_on(KEYS[2], id, KEYS[3], KEYS[4], KEYS[5], KEYS[6])
   return 1
 end
-return 0
+return released_lately(KEYS[7], id, now_ms())
 """,
 )
 
@@ -522,7 +575,7 @@ ACQUIRE_SHARED = Script(
 -- KEYS[1] lock key, KEYS[2] fence counter key (shared with writers: one fence order),
 -- KEYS[3] readers (sorted set: value -> expiry ms), KEYS[4] readers' fences (hash),
 -- KEYS[5] exclusive waiters' queue, KEYS[6] their expiry times,
--- KEYS[7] readers' queue, KEYS[8] their expiry times
+-- KEYS[7] readers' queue, KEYS[8] their expiry times, KEYS[9] released values
 -- ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] fence retention (ms),
 -- ARGV[4] how long a refused reader keeps its place (ms; 0: it does not queue),
 -- ARGV[5] its client's inbox
@@ -542,8 +595,12 @@ local now = now_ms()
 local holder = redis.call('GET', KEYS[1])
 local mine = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if holder == MARK and mine and tonumber(mine) > now then
-  -- A retry of a granted request: the same grant, renewed.
-  redis.call('ZADD', KEYS[3], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+  -- A retry of a granted request: the same grant, renewed to a full ttl from now, never
+  -- shortened (a stale copy must not cut a lease extended since; see ACQUIRE).
+  local until_ = now + tonumber(ARGV[2])
+  if tonumber(mine) < until_ then
+    redis.call('ZADD', KEYS[3], 'XX', until_, ARGV[1])
+  end
   keep_until(KEYS[3], KEYS[4], now, KEYS[1])
   leave(KEYS[7], KEYS[8], ARGV[1])
   return tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or 0)
@@ -576,6 +633,7 @@ end
 local fence = next_fence(KEYS[2], 0, ARGV[3])
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('HSET', KEYS[4], ARGV[1], string.format('%d', fence))
+redis.call('ZREM', KEYS[9], redis.sha1hex(ARGV[1]))  -- see ACQUIRE
 if holder ~= MARK then
   redis.call('SET', KEYS[1], MARK, 'PX', ARGV[2])
 end
@@ -613,31 +671,35 @@ RELEASE_SHARED = Script(
     """
 -- KEYS[1] lock key, KEYS[2] wake-up channel, KEYS[3] exclusive waiters' queue,
 -- KEYS[4] their expiry times, KEYS[5] readers' queue, KEYS[6] their expiry times,
--- KEYS[7] readers, KEYS[8] readers' fences
--- ARGV[1] holder value
+-- KEYS[7] readers, KEYS[8] readers' fences, KEYS[9] released values
+-- ARGV[1] holder value, ARGV[2] how long the release is remembered (ms)
 -- Removes a reader that still holds. The last one out deletes the lock key and wakes
--- the oldest waiting writer (else the waiting readers). Returns 1 or 0.
+-- the oldest waiting writer (else the waiting readers). Returns 1 (also when run again,
+-- as RELEASE) or 0.
 """
     + _NOW
     + _HOLDERS
+    + _RELEASED
     + _WAKE
     + """
 local now = now_ms()
+local id = redis.sha1hex(ARGV[1])
 local mine = redis.call('ZSCORE', KEYS[7], ARGV[1])
 if not mine then
-  return 0
+  return released_lately(KEYS[9], id, now)
 end
 redis.call('ZREM', KEYS[7], ARGV[1])
 redis.call('HDEL', KEYS[8], ARGV[1])
 if tonumber(mine) <= now or redis.call('GET', KEYS[1]) ~= 'READERS_MARK' then
   return 0  -- its lease had ended
 end
+remember(KEYS[9], id, now, tonumber(ARGV[2]))
 drop_expired(KEYS[7], KEYS[8], now)
 if keep_until(KEYS[7], KEYS[8], now, KEYS[1]) then
   return 1  -- other readers still hold
 end
 redis.call('DEL', KEYS[1])
-hand_on(KEYS[2], redis.sha1hex(ARGV[1]), KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+hand_on(KEYS[2], id, KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 return 1
 """.replace("READERS_MARK", READERS),
 )
@@ -649,13 +711,14 @@ ACQUIRE_PERMIT = Script(
     """
 -- KEYS[1] permits (sorted set: holder value -> expiry ms), KEYS[2] the semaphore's fence
 -- counter, KEYS[3] holders' fences (hash), KEYS[4] waiters' queue, KEYS[5] their expiry
--- times, KEYS[6] wake-up channel
+-- times, KEYS[6] wake-up channel, KEYS[7] released permits' values
 -- ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] fence retention (ms), ARGV[4] limit,
 -- ARGV[5] how long a refused caller keeps its place (ms; 0: it does not queue),
 -- ARGV[6] its client's inbox
 -- Expired permits are dropped first; then granted while fewer than ARGV[4] are held.
 -- The same holder asking again (a retry after a lost reply) gets its grant back,
--- renewed. Returns the fence (> 0), or minus the ms until the first permit expires.
+-- renewed, never shortened (see ACQUIRE). Returns the fence (> 0), or minus the ms until
+-- the first permit expires.
 """
     + _NOW
     + _FENCE
@@ -665,8 +728,12 @@ ACQUIRE_PERMIT = Script(
     + """
 local now = now_ms()
 drop_expired(KEYS[1], KEYS[3], now)
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if mine then
+  local until_ = now + tonumber(ARGV[2])
+  if tonumber(mine) < until_ then
+    redis.call('ZADD', KEYS[1], 'XX', until_, ARGV[1])
+  end
   keep_until(KEYS[1], KEYS[3], now)
   leave(KEYS[4], KEYS[5], ARGV[1])
   return tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or 0)
@@ -677,6 +744,7 @@ if held < limit then
   local fence = next_fence(KEYS[2], 0, ARGV[3])
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
   redis.call('HSET', KEYS[3], ARGV[1], string.format('%d', fence))
+  redis.call('ZREM', KEYS[7], redis.sha1hex(ARGV[1]))  -- see ACQUIRE
   keep_until(KEYS[1], KEYS[3], now)
   leave(KEYS[4], KEYS[5], ARGV[1])
   if held + 1 < limit and redis.call('EXISTS', KEYS[4]) == 1 then
@@ -721,24 +789,29 @@ RELEASE_PERMIT = Script(
     "release_permit",
     """
 -- KEYS[1] permits, KEYS[2] wake-up channel, KEYS[3] waiters' queue, KEYS[4] their
--- expiry times, KEYS[5] holders' fences
--- ARGV[1] holder value
+-- expiry times, KEYS[5] holders' fences, KEYS[6] released permits' values
+-- ARGV[1] holder value, ARGV[2] how long the release is remembered (ms)
 -- Gives back a permit that is still held and wakes the oldest live waiter (only it: one
--- permit came free). Returns 1 or 0 (not held, or expired).
+-- permit came free). Returns 1 (also when run again, as RELEASE) or 0 (not held, or
+-- expired).
 """
     + _NOW
+    + _RELEASED
     + _WAKE
     + """
+local now = now_ms()
+local id = redis.sha1hex(ARGV[1])
 local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not mine then
-  return 0
+  return released_lately(KEYS[6], id, now)
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[5], ARGV[1])
-if tonumber(mine) <= now_ms() then
+if tonumber(mine) <= now then
   return 0
 end
-wake_next(KEYS[2], redis.sha1hex(ARGV[1]), KEYS[3], KEYS[4])
+remember(KEYS[6], id, now, tonumber(ARGV[2]))
+wake_next(KEYS[2], id, KEYS[3], KEYS[4])
 return 1
 """,
 )

@@ -79,6 +79,13 @@ class Keys(NamedTuple):
     due: str  # when each waiter's place in the queue lapses (a hash)
 
     @property
+    def released(self) -> str:
+        """Values whose release of the lock (or of a reader) ran lately (a sorted set:
+        SHA1 of the value -> when that memory ends, ms): a release sent again finds its
+        own."""
+        return self.lock + ":released"
+
+    @property
     def readers(self) -> str:
         """Readers holding the name (a sorted set: value -> expiry, ms)."""
         return self.lock + ":readers"
@@ -118,6 +125,11 @@ class Keys(NamedTuple):
     def permit_due(self) -> str:
         return self.lock + ":permits:due"
 
+    @property
+    def permit_released(self) -> str:
+        """Values whose permit's release ran lately (as :attr:`released`)."""
+        return self.lock + ":permits:released"
+
 
 # A waiter keeps its place in the queue for its longest sleep between attempts (it renews
 # the place with each attempt) plus this margin; one that died drops out after that, and
@@ -126,6 +138,12 @@ QUEUE_MARGIN_MS = 1000
 
 # How long a wake-up channel stays subscribed after its last waiter got the lock.
 LINGER = 1.0
+
+# A release is remembered on the server (so that the same release sent again answers
+# "released", not "not held") for the socket timeout, within which a request sent again
+# on a new connection lands, plus this margin, which covers the background give-back
+# after a cancelled or failed release (its first try goes out at once, bounded by 2 s).
+RELEASED_MARGIN_MS = 5000
 
 
 def _noscript(error: ResponseError) -> bool:
@@ -370,6 +388,7 @@ class RedisBackend(Backend):
         )
         self._owns_client = False
         self._errors = map_backend_errors(self._where, _DRIVER_ERRORS)
+        self._released_ms = math.ceil(self.straggle() * 1000) + RELEASED_MARGIN_MS
         # Waiters leaving the queue and their channel after giving up (see _Waiter).
         self._tasks = TaskSet(f"waiters of {self._where}")
 
@@ -542,14 +561,14 @@ class RedisBackend(Backend):
         if queue is not None:
             stay = math.ceil(queue * 1000) + QUEUE_MARGIN_MS
             args: tuple[Any, ...] = (
-                keys.lock, keys.fence, keys.queue, keys.due,
+                keys.lock, keys.fence, keys.released, keys.queue, keys.due,
                 value, ttl_ms, retention, floor or 0, stay, self._inbox,
             )  # fmt: skip
-            return _scripts.ACQUIRE, 4, args
-        args = (keys.lock, keys.fence, value, ttl_ms, retention)
+            return _scripts.ACQUIRE, 5, args
+        args = (keys.lock, keys.fence, keys.released, value, ttl_ms, retention)
         if floor is not None:
             args += (floor,)
-        return _scripts.ACQUIRE, 2, args
+        return _scripts.ACQUIRE, 3, args
 
     def raise_fence_call(self, keys: Keys, value: str, fence: int, ttl: float) -> Call:
         """Redlock's second step: lift the fence counter to ``fence`` if still holding."""
@@ -563,12 +582,19 @@ class RedisBackend(Backend):
         args = (keys.lock, keys.fence, value, math.ceil(ttl * 1000), self.retention_ms(ttl))
         return _scripts.EXTEND, 2, args
 
+    def released_ms(self) -> int:
+        """How long the server remembers a release (ms), so that the same release sent
+        again answers "released": the socket timeout (a request sent again on a new
+        connection lands within it) plus :data:`RELEASED_MARGIN_MS`."""
+        return self._released_ms
+
     def release_call(self, keys: Keys, value: str) -> Call:
+        """Delete the lock if ``value`` holds it: 1, also when sent again; else 0."""
         args = (
             keys.lock, keys.channel, keys.queue, keys.due, keys.reader_queue, keys.reader_due,
-            value,
+            keys.released, value, self._released_ms,
         )  # fmt: skip
-        return _scripts.RELEASE, 6, args
+        return _scripts.RELEASE, 7, args
 
     def dequeue_call(self, keys: Keys, value: str) -> Call:
         """Leave whichever waiter queue of the name the waiter is in (it gave up),
@@ -587,19 +613,19 @@ class RedisBackend(Backend):
     def fair_call(self, keys: Keys, value: str, ttl: float, *, queue: float | None) -> Call:
         """ACQUIRE in arrival order: refused while an earlier live waiter is queued."""
         args = (
-            keys.lock, keys.fence, keys.queue, keys.due,
+            keys.lock, keys.fence, keys.queue, keys.due, keys.released,
             value, math.ceil(ttl * 1000), self.retention_ms(ttl), self._stay(queue), self._inbox,
         )  # fmt: skip
-        return _scripts.ACQUIRE_FAIR, 4, args
+        return _scripts.ACQUIRE_FAIR, 5, args
 
     def shared_call(self, keys: Keys, value: str, ttl: float, *, queue: float | None) -> Call:
         """A reader's acquire: granted while no writer holds or waits."""
         args = (
             keys.lock, keys.fence, keys.readers, keys.reader_grants,
-            keys.queue, keys.due, keys.reader_queue, keys.reader_due,
+            keys.queue, keys.due, keys.reader_queue, keys.reader_due, keys.released,
             value, math.ceil(ttl * 1000), self.retention_ms(ttl), self._stay(queue), self._inbox,
         )  # fmt: skip
-        return _scripts.ACQUIRE_SHARED, 8, args
+        return _scripts.ACQUIRE_SHARED, 9, args
 
     def extend_shared_call(self, keys: Keys, value: str, ttl: float) -> Call:
         args = (
@@ -609,11 +635,12 @@ class RedisBackend(Backend):
         return _scripts.EXTEND_SHARED, 4, args
 
     def release_shared_call(self, keys: Keys, value: str) -> Call:
+        """Give back a reader's lease: 1, also when sent again; else 0."""
         args = (
             keys.lock, keys.channel, keys.queue, keys.due, keys.reader_queue, keys.reader_due,
-            keys.readers, keys.reader_grants, value,
+            keys.readers, keys.reader_grants, keys.released, value, self._released_ms,
         )  # fmt: skip
-        return _scripts.RELEASE_SHARED, 8, args
+        return _scripts.RELEASE_SHARED, 9, args
 
     def permit_call(
         self, keys: Keys, value: str, ttl: float, limit: int, *, queue: float | None
@@ -621,11 +648,11 @@ class RedisBackend(Backend):
         """A semaphore permit: granted while fewer than ``limit`` unexpired ones are held."""
         args = (
             keys.permits, keys.permit_fence, keys.permit_grants,
-            keys.permit_queue, keys.permit_due, keys.channel,
+            keys.permit_queue, keys.permit_due, keys.channel, keys.permit_released,
             value, math.ceil(ttl * 1000), self.retention_ms(ttl), limit, self._stay(queue),
             self._inbox,
         )  # fmt: skip
-        return _scripts.ACQUIRE_PERMIT, 6, args
+        return _scripts.ACQUIRE_PERMIT, 7, args
 
     def extend_permit_call(self, keys: Keys, value: str, ttl: float) -> Call:
         args = (
@@ -635,11 +662,12 @@ class RedisBackend(Backend):
         return _scripts.EXTEND_PERMIT, 3, args
 
     def release_permit_call(self, keys: Keys, value: str) -> Call:
+        """Give back a permit: 1, also when sent again; else 0."""
         args = (
             keys.permits, keys.channel, keys.permit_queue, keys.permit_due,
-            keys.permit_grants, value,
+            keys.permit_grants, keys.permit_released, value, self._released_ms,
         )  # fmt: skip
-        return _scripts.RELEASE_PERMIT, 5, args
+        return _scripts.RELEASE_PERMIT, 6, args
 
     def _extend_call(self, claim: Claim, ttl: float) -> Call:
         keys = self._claim_keys(claim)

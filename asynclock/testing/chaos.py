@@ -2148,9 +2148,12 @@ async def _scan_redis(nodes: Sequence[tuple[str, int]], namespace: str) -> list[
                 if ":history:" in key or tail.endswith(":queue"):
                     continue  # a queue's places are judged by its ":due" hash
                 pttl = await client.pttl(key)
-                if tail.endswith(":fence"):
+                if tail.endswith((":fence", ":released")):
+                    # Both expire by themselves: a fence counter after its retention,
+                    # released values seconds after the last release.
                     if pttl == -1:
-                        found.append(f"{key}: fence counter without expiry")
+                        what = "fence counter" if tail.endswith(":fence") else "released values"
+                        found.append(f"{key}: {what} without expiry")
                 elif tail == "":
                     value = _text(await client.get(key) or b"")
                     owner = value.partition(":")[2] or value
