@@ -179,10 +179,9 @@ def client_from_url(url: str, *, max_connections: int = 64, **options: Any) -> R
 
     A bounded *blocking* pool (extra callers queue for a connection), 5 s connect and read
     timeouts, TCP keepalive, RESP2 and no handshake commands (a new connection costs no
-    round trip), and no retries inside redis-py: a release retried after a lost reply
-    would report "not owned" for a lock it did release; asynclock retries where that is
-    safe. ``options`` override these and reach the pool; a misspelt one
-    fails here, not at the first lock.
+    round trip), and no retries inside redis-py: asynclock decides itself what is sent
+    again and when, within each request's own deadline. ``options`` override these and
+    reach the pool; a misspelt one fails here, not at the first lock.
     """
     pool_options: dict[str, Any] = {
         "socket_connect_timeout": 5.0,
@@ -284,11 +283,12 @@ def _cluster_client(url: str, max_connections: int, options: dict[str, Any]) -> 
         options.pop(key, None)
     # By default the client closes every connection to every node after each fifth MOVED
     # reply (``reinitialize_steps=5``) to reload its slot map. The commands in flight on
-    # those connections fail with "Connection closed by server" and are sent again: a
-    # release sent again finds its own lock gone and reports it lost. On a healthy
-    # cluster the few MOVED replies of its start-up did that in a loop (16-30 spurious
-    # ``LockLost`` in a 36-task run). Without it, a MOVED moves just that slot to the
-    # node it names (failovers too); a lost connection still reloads the whole map.
+    # those connections fail with "Connection closed by server" and are sent again. On a
+    # healthy cluster the few MOVED replies of its start-up did that in a loop (16-30
+    # spurious ``LockLost`` in a 36-task run, from releases sent again before releases
+    # answered again: each resend still costs a reconnect and a round trip). Without
+    # it, a MOVED moves just that slot to the node it names (failovers too); a lost
+    # connection still reloads the whole map.
     options.setdefault("reinitialize_steps", 0)
     return RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in hosts],
