@@ -298,6 +298,36 @@ class TestRoleTimeouts:
             lease = await asyncio.wait_for(waiter, 10)
             await lease.release()
 
+    async def test_a_role_transaction_timeout_does_not_end_a_wait(
+        self,
+        asynclock_postgres_dsn: str,
+        role_dsn: RoleDsn,
+        admin: asyncpg.Connection,
+        namespace: str,
+        sequence: str,
+    ) -> None:
+        """ALTER ROLE ... SET transaction_timeout (PostgreSQL >= 17): a wait in the queue
+        longer than that is not ended by it (it ended the session: BackendError)."""
+        if admin.get_server_version().major < 17:
+            pytest.skip("transaction_timeout is PostgreSQL 17+")
+        dsn = await role_dsn(transaction_timeout="300ms")
+        async with (
+            asynclock.connect(
+                asynclock_postgres_dsn, namespace=namespace, fence_sequence=sequence
+            ) as holder_coord,
+            asynclock.connect(dsn, namespace=namespace, fence_sequence=sequence) as coord,
+        ):
+            key = backend_of(coord).key("long-wait")
+            holder = await holder_coord.lock("long-wait", ttl=30).acquire()
+            waiter = asyncio.create_task(coord.lock("long-wait", ttl=30, timeout=5).acquire())
+            await wait_for_rows(admin, 2, key)
+            # Longer than the role's transaction_timeout (a lower bound: load only adds).
+            await asyncio.sleep(1.0)
+            assert not waiter.done()
+            await holder.release()
+            lease = await asyncio.wait_for(waiter, 10)
+            await lease.release()
+
 
 class TestDsns:
     @pytest.mark.parametrize("password", ["s3cr#tPW", "s3/cr?tPW", "p@ss#w/rd"])

@@ -28,9 +28,11 @@ A connection that ends under a held lease (asyncpg's termination listener) loses
 lease at once (:meth:`Backend.on_hold_lost`).
 
 A waiting acquire first tries (``pg_try_advisory_lock``), and that statement also sets
-``client_connection_check_interval`` (1 s) for the session: the server arms that check
-when a statement starts, so set inside the waiting statement it would not apply, and a
-waiter whose process died would stay queued.
+``client_connection_check_interval`` (1 s) for the session, and lifts the session's
+``statement_timeout`` and ``transaction_timeout`` (PostgreSQL >= 17), which would end a
+wait in the queue: the server arms them when a statement (or its transaction) starts,
+so set inside the waiting statement they would not apply, and a waiter whose process
+died would stay queued.
 
 Read-write locks are shared (readers) and exclusive (writers) locks on the same key.
 PostgreSQL's lock manager prefers writers by itself: a request that conflicts with a
@@ -125,7 +127,8 @@ _MAX_TIMEOUT_MS = 2**31 - 1
 # Session settings a connection carries while asynclock uses it, restored when it goes
 # back to the pool. idle_session_timeout is also reset after every lease.
 _IDLE = "idle_session_timeout"
-# Everything a lease may change on its session; RESET when a connection leaves us.
+# Everything a lease may change on its session; RESET when a connection leaves us (with
+# transaction_timeout on PostgreSQL >= 17: _Statements.reset).
 _RESET = (
     "RESET application_name; RESET tcp_keepalives_idle; RESET tcp_keepalives_interval; "
     "RESET idle_session_timeout; RESET client_connection_check_interval; "
@@ -337,10 +340,11 @@ class _Statements:
     """The SQL for one server version and configuration, built once.
 
     Lock acquire statements come in variants: trying once, trying before a wait (which
-    also arms ``client_connection_check_interval`` for the wait), or waiting; exclusive
-    or shared; setting TCP keepalives (on a connection's first lease) or not. Each takes
-    the lock, runs the fence step (:func:`asynclock.postgres.fence_select`) and names the
-    session with its fence. Parameters: ``$1`` key, ``$2`` the application_name
+    also arms ``client_connection_check_interval`` and lifts ``statement_timeout`` and
+    ``transaction_timeout`` for the wait), or waiting; exclusive or shared; setting TCP
+    keepalives (on a connection's first lease) or not. Each takes the lock, runs the
+    fence step (:func:`asynclock.postgres.fence_select`) and names the session with its
+    fence. Parameters: ``$1`` key, ``$2`` the application_name
     tail (``<ttl ms>:<identity>``), ``$3``/``$4`` the fence key, ``$5`` ``lock_timeout``
     (the wait's; for a try, the bound of its fence step unless the session has a
     ``lock_timeout`` of its own), then ``idle_session_timeout`` (PostgreSQL >= 14), then
@@ -352,6 +356,15 @@ class _Statements:
 
     def __init__(self, sequence: str, version: int) -> None:
         self.has_idle_timeout = version >= 14
+        # transaction_timeout (PostgreSQL >= 17) ends a session whose transaction, a single
+        # statement's included, lasts longer: a wait in the queue is one. Setting or
+        # resetting it is an error on older servers.
+        has_transaction_timeout = version >= 17
+        self.unbounded = [_UNBOUNDED]
+        self.reset = _RESET
+        if has_transaction_timeout:
+            self.unbounded.append("set_config('transaction_timeout', '0', false)")
+            self.reset += "; RESET transaction_timeout"
         self.acquire: dict[tuple[bool, str, bool], str] = {}
         for configure in (False, True):
             for mode in (_TRY, _TRY_BEFORE_WAIT, _WAIT):
@@ -445,12 +458,12 @@ class _Statements:
         else:
             settings.append(lock_timeout_sql("$5", unless_set=True))
             if mode == _TRY_BEFORE_WAIT:
-                # The server arms the client-connection check and statement_timeout when
-                # a statement starts, from the session's values: set in the waiting
-                # statement itself they would come too late (measured: a killed waiter
-                # stayed queued). Session scope, set here, before the wait; RESET when
-                # the connection goes back.
-                settings.append(_UNBOUNDED)
+                # The server arms the client-connection check, statement_timeout and
+                # transaction_timeout when a statement (or its transaction) starts, from
+                # the session's values: set in the waiting statement itself they would
+                # come too late (measured: a killed waiter stayed queued). Session scope,
+                # set here, before the wait; RESET when the connection goes back.
+                settings += self.unbounded
                 if self.has_idle_timeout:
                     settings.append(
                         "set_config('client_connection_check_interval', "
@@ -1400,7 +1413,7 @@ class PostgresBackend(Backend):
     async def _to_pool(self, conn: _Conn) -> None:
         """Reset what asynclock may have changed and return the connection to the pool."""
         try:
-            await conn.raw.execute(_RESET)
+            await conn.raw.execute(self._sql.reset if self._sql is not None else _RESET)
         except asyncio.CancelledError:
             # Finish in the background: asyncpg is cancelling the RESET on the server, and
             # terminating the connection under that cancellation trips asyncpg up.
