@@ -4,14 +4,16 @@ A lease holds one connection out of the pool for its whole life (a *session*): t
 advisory lock belongs to that session and ends with it. Each step is one statement, so
 one round trip:
 
-- acquire: ``pg_advisory_lock`` (or ``_shared``) waiting in the server's own lock queue
-  under a statement-local ``lock_timeout``, then the fence step
+- acquire: an ``application_name`` that names the holder (fence not known yet), then
+  ``pg_advisory_lock`` (or ``_shared``) waiting in the server's own lock queue under a
+  statement-local ``lock_timeout``, then the fence step
   (:func:`asynclock.postgres.fence_select`: the server's clock in µs, never below the
   sequence's ``nextval``, serialised per name by a transaction-level lock on the name's
   fence key), then session settings that give the lease a server-side TTL:
   ``idle_session_timeout`` equal to the lease's ttl (PostgreSQL >= 14), TCP keepalives,
-  and an ``application_name`` that names holder, fence and ttl for ``inspect``. If the
-  lock is not granted the statement takes nothing.
+  and an ``application_name`` that names holder, fence and ttl for ``inspect``. Named
+  before the lock is taken, a granted session is never seen under a name that is not
+  ours. If the lock is not granted the statement takes nothing.
 - heartbeat (the watchdog's renewal): any statement resets the idle timer; it also
   checks that the session is still the one that took the lock (a transaction-pooling
   proxy would hand us another).
@@ -342,9 +344,11 @@ class _Statements:
     Lock acquire statements come in variants: trying once, trying before a wait (which
     also arms ``client_connection_check_interval`` and lifts ``statement_timeout`` and
     ``transaction_timeout`` for the wait), or waiting; exclusive or shared; setting TCP
-    keepalives (on a connection's first lease) or not. Each takes the lock, runs the
-    fence step (:func:`asynclock.postgres.fence_select`) and names the session with its
-    fence. Parameters: ``$1`` key, ``$2`` the application_name
+    keepalives (on a connection's first lease) or not. Each names the session as ours
+    (``asynclock:0:<ttl ms>:<identity>``: holder known, fence not yet) before it takes
+    the lock, so that ``inspect()`` never sees the grant under a name that is not ours,
+    then takes the lock, runs the fence step (:func:`asynclock.postgres.fence_select`) and
+    names the session with its fence. Parameters: ``$1`` key, ``$2`` the application_name
     tail (``<ttl ms>:<identity>``), ``$3``/``$4`` the fence key, ``$5`` ``lock_timeout``
     (the wait's; for a try, the bound of its fence step unless the session has a
     ``lock_timeout`` of its own), then ``idle_session_timeout`` (PostgreSQL >= 14), then
@@ -444,11 +448,11 @@ class _Statements:
         return ", ".join(columns)
 
     def _acquire(self, sequence: str, *, configure: bool, mode: str, shared: bool) -> str:
-        # Each step a subquery over the one before (see fence_select): the lock, then
-        # the fence step, then the session's settings.
+        # Each step a subquery over the one before (see fence_select): the session named,
+        # then the lock, then the fence step, then the session's settings.
         columns = self._granted_row(2, 6, configure=configure)
         kind = "_shared" if shared else ""
-        settings: list[str] = []
+        settings = [f"set_config('application_name', '{_APP_PREFIX}0:' || $2, false)"]
         if mode == _WAIT:
             settings.append(lock_timeout_sql("$5", unless_set=False))
             granted_rows = (
@@ -1077,9 +1081,16 @@ class PostgresBackend(Backend):
                 best: LockInfo | None = None
                 for row in rows:
                     info = _holder_info(name, row)
-                    if best is None or info.fence > best.fence:
+                    # The newest fence; ours before a foreign holder (also fence 0) when
+                    # ours has no fence yet (granted, fence step still running).
+                    rank = (info.fence, math.isfinite(info.expires_in))
+                    if best is None or rank > (best.fence, math.isfinite(best.expires_in)):
                         best = info
-                if best is not None and best.fence and best.owner.startswith(_DIGEST_MARK):
+                if (
+                    best is not None
+                    and math.isfinite(best.expires_in)  # ours, not a foreign name
+                    and best.owner.startswith(_DIGEST_MARK)
+                ):
                     best = await self._identified(conn, best)
         return best
 
