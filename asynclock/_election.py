@@ -6,6 +6,10 @@ topic ``election:NAME`` and a resigning one says so (``resigned TERM IDENTITY``)
 ``observe()`` follows changes without polling (Redis pub/sub, PostgreSQL LISTEN/NOTIFY,
 in-process for memory). A leader that crashes announces nothing: observers look again
 when its lease could have ended.
+
+Only candidates lead: a holder of the election's lock that is not an asynclock lease (a
+PostgreSQL session that took the key by hand reads as owner ``pid N``, fence 0 and no
+expiry) is no leader for ``leader()`` and ``observe()``; ``inspect()`` still shows it.
 """
 
 from __future__ import annotations
@@ -90,9 +94,16 @@ class Election:
         return _Leadership(self)
 
     async def leader(self) -> str | None:
-        """The identity of the current leader, or None."""
-        info = await self._coord.inspect(self._lock_name)
+        """The identity of the current leader, or None (also while the election's lock is
+        held by something that is not a candidate)."""
+        info = await self._holder()
         return None if info is None else info.owner
+
+    async def _holder(self) -> LockInfo | None:
+        """The election lock's holder if it is a candidate: every asynclock lease has an
+        expiry, so a holder without one (``expires_in`` inf) is someone else's lock."""
+        info = await self._coord.inspect(self._lock_name)
+        return info if info is not None and math.isfinite(info.expires_in) else None
 
     async def observe(self) -> AsyncIterator[str | None]:
         """The current leader (None when there is none), then each change, in order.
@@ -106,7 +117,7 @@ class Election:
         clock = backend.clock
         async with backend.listen(self._topic) as mailbox:
             # Listening first, reading second: a change between the two is not missed.
-            info = await self._coord.inspect(self._lock_name)
+            info = await self._holder()
             leader = None if info is None else info.owner
             term = 0 if info is None else info.fence
             yield leader
@@ -139,11 +150,12 @@ class Election:
                     yield None
 
     async def _look_again(self) -> LockInfo | None:
-        """``inspect()`` the election's lock until the backend answers (with backoff)."""
+        """The election's holder (:meth:`_holder`) once the backend answers (with
+        backoff)."""
         failures = 0
         while True:
             try:
-                return await self._coord.inspect(self._lock_name)
+                return await self._holder()
             except BackendError as exc:
                 delay = self.retry.delay(failures)
                 failures += 1

@@ -1,14 +1,29 @@
-"""PostgreSQL-only helpers: the name-to-key mapping and transaction-level advisory locks.
+"""PostgreSQL-only helpers: the name-to-key mapping, the fence step and transaction-level
+advisory locks.
 
 Session locks (``coord.lock()`` on a ``postgresql://`` coordinator) live in
 ``asynclock.backends.postgres``. The functions here work on any asyncpg connection, so
 they can be used inside the application's own transactions.
+
+Fences do not depend on the fence sequence's settings or durability. A fence is
+``GREATEST(nextval(sequence), the server's clock in whole µs since the Unix epoch)``,
+computed right after the lock was granted, while the statement holds a
+transaction-level lock on the name's *fence key* (:func:`fence_ids`,
+:func:`permit_fence_ids`); the statement then waits until the server's clock has left
+that microsecond. The next fence of the name is computed only after that transaction
+ended, so it reads a later microsecond: fences of one name strictly increase, also
+between holders that overlap (readers, permits), whatever sequence, schema, cache,
+persistence or ``synchronous_commit`` each coordinator uses, and across crashes, given a
+server clock that does not step back. The sequence is the floor should the clock be far
+behind the fences it handed out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import time
 from typing import Any, Literal, overload
 
 import asyncpg
@@ -101,6 +116,105 @@ def waiting_key(name: str, namespace: str = DEFAULT_NAMESPACE) -> int:
     """
     digest = hashlib.sha256(permit_prefix(namespace, name) + b"waiting").digest()
     return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def fence_ids(key: int) -> tuple[int, int]:
+    """The ``(int4, int4)`` fence key of advisory key ``key`` (a lock's): the
+    transaction-level lock ``pg_advisory_xact_lock(a, b)`` that serialises the fence step
+    of every holder of the key, exclusive, shared or in a transaction.
+
+    ``first 8 bytes of SHA-256(key as 8 big-endian bytes + b"fence")``, read as two
+    big-endian signed 32-bit integers. The two-argument form never conflicts with the
+    ``bigint`` locks, and a hash keeps it apart from an application's own two-int locks
+    on the halves of a key (:func:`lock_ids`).
+    """
+    return _int4_pair(hashlib.sha256(key.to_bytes(8, "big", signed=True) + b"fence").digest())
+
+
+def permit_fence_ids(name: str, namespace: str = DEFAULT_NAMESPACE) -> tuple[int, int]:
+    """The ``(int4, int4)`` fence key of semaphore ``name``, shared by all its permits:
+    ``SHA-256(permit_prefix + b"fence")``, read as :func:`fence_ids` reads its digest."""
+    return _int4_pair(hashlib.sha256(permit_prefix(namespace, name) + b"fence").digest())
+
+
+def _int4_pair(digest: bytes) -> tuple[int, int]:
+    return (
+        int.from_bytes(digest[:4], "big", signed=True),
+        int.from_bytes(digest[4:8], "big", signed=True),
+    )
+
+
+def _micros(timestamp: str) -> str:
+    """SQL for ``timestamp`` (a UTC ``timestamp without time zone``) in whole µs since
+    the Unix epoch, exact on every version: the whole seconds of ``date_part('epoch')`` of
+    the timestamp cut to the second (an integral double) plus its microseconds field
+    (``date_part('epoch')`` of the timestamp itself is a double that loses microseconds,
+    and ``extract()`` returns numeric only from PostgreSQL 14)."""
+    return (
+        f"(date_part('epoch', date_trunc('second', {timestamp}))::bigint * 1000000 "
+        f"+ date_part('microseconds', {timestamp})::bigint % 1000000)"
+    )
+
+
+# One reading of the server's clock, as _micros takes it.
+_CLOCK = "clock_timestamp() AT TIME ZONE 'UTC'"
+
+
+# How many clock readings the fence step takes at most while it waits for the next
+# microsecond: a clock that never moves is broken, and the statement must still end.
+_SPIN_LIMIT = 100_000
+
+
+def fence_select(
+    sequence: str, *, granted_rows: str, fence_key: tuple[str, str], carry: str = ""
+) -> str:
+    """A SELECT of ``(<carry>, fence, waited)``: the fence step for each granted row.
+
+    ``granted_rows`` is the FROM clause of the rows granted (one at most, e.g.
+    ``(...) AS attempt WHERE ok``), ``fence_key`` the two SQL expressions of the fence
+    key, ``carry`` the columns of ``granted_rows`` to pass on (``"key, "``). Each step is
+    a subquery over the one before, evaluated row by row in that order (a subquery with
+    volatile functions in its target list is never merged into its parent, and ``OFFSET
+    0`` says so again): the transaction-level lock on the fence key (taken only for a
+    granted row; it ends with the statement's or the savepoint's transaction), then
+    ``nextval`` and one clock reading, then clock readings until one differs from it, at
+    most :data:`_SPIN_LIMIT` (``waited``: how many; a reading that went back ends the
+    wait too, no wait could mend that). Select ``waited`` in the statement's result: an
+    output column is always computed, so the wait always runs.
+    """
+    a, b = fence_key
+    literal = "'" + sequence.replace("'", "''") + "'"
+    # generate_series in a target list yields lazily: LIMIT 1 stops at the first
+    # reading that differs (in FROM it would make all _SPIN_LIMIT rows first).
+    wait = (
+        f"(SELECT n FROM (SELECT generate_series(1, {_SPIN_LIMIT}) AS n) AS g "
+        f"WHERE {_CLOCK} <> r.at LIMIT 1)"
+    )
+    return (
+        f"SELECT {carry}greatest(r.floor, {_micros('r.at')}) AS fence, {wait} AS waited "
+        f"FROM (SELECT {carry}nextval({literal}) AS floor, {_CLOCK} AS at "
+        f"FROM (SELECT {carry}pg_advisory_xact_lock({a}::int4, {b}::int4) "
+        f"FROM {granted_rows} OFFSET 0) AS locked OFFSET 0) AS r"
+    )
+
+
+#: How long a try (``timeout=0``) waits for the fence step, unless the session has a
+#: ``lock_timeout`` of its own: the fence key is held for microseconds, but a migration's
+#: ``ALTER SEQUENCE`` holds back ``nextval``.
+TRY_FENCE_WAIT_MS = 1000
+
+
+def lock_timeout_sql(param: str, *, unless_set: bool) -> str:
+    """SQL that sets ``lock_timeout`` to ``param`` (milliseconds, text) for the rest of
+    the transaction; with ``unless_set``, only if the session has none (``0``)."""
+    if unless_set:
+        value = (
+            f"CASE current_setting('lock_timeout') WHEN '0' THEN {param} "
+            "ELSE current_setting('lock_timeout') END"
+        )
+    else:
+        value = param
+    return f"set_config('lock_timeout', {value}, true)"
 
 
 def lock_ids(key: int) -> tuple[int, int]:
@@ -199,12 +313,15 @@ async def advisory_xact_lock(
 
     - ``timeout``: ``None`` waits in the server's lock queue as long as it takes (at most
       the server's own ``lock_timeout``, if one is set; running out of it aborts the
-      caller's transaction), ``0`` tries once, ``> 0`` waits at most that long
-      (``lock_timeout``, inside a savepoint so that a timeout leaves the caller's
-      transaction usable). Then :class:`LockTimeout`.
+      caller's transaction, unless ``fence=True``), ``0`` tries once, ``> 0`` waits at
+      most that long (``lock_timeout``, inside a savepoint so that a timeout leaves the
+      caller's transaction usable). Then :class:`LockTimeout`.
     - ``shared``: a shared lock (``pg_advisory_xact_lock_shared``).
-    - ``fence``: also return a fencing token from the coordinator's fence sequence
-      (created if missing), strictly greater than every fence handed out before.
+    - ``fence``: also return a fencing token, strictly greater than every fence handed out
+      before for ``name`` (by session or transaction locks, whatever their ``schema`` and
+      ``fence_sequence``); the fence sequence ``schema.fence_sequence`` is created if
+      missing. The lock and the fence are taken inside a savepoint: if either fails,
+      nothing is held and the caller's transaction stays usable.
 
     Raises :class:`NoTransactionError` when no transaction is open, ``BackendError`` for
     server errors.
@@ -217,34 +334,19 @@ async def advisory_xact_lock(
             "`async with conn.transaction():`"
         )
     key = advisory_key(name, namespace)
-    lock_fn = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
-    sequence = f"{quote_ident(schema)}.{quote_ident(fence_sequence)}"
-    next_fence = f"nextval('{sequence}')" if fence else "NULL::bigint"
     try:
-        if fence:
-            await ensure_fence_sequence(conn, schema, fence_sequence)
-        if wait is None:
-            return await conn.fetchval(f"SELECT {next_fence} FROM {lock_fn}($1)", key)  # type: ignore[no-any-return]
-        if wait == 0:
-            row = await conn.fetchrow(
-                f"SELECT ok, CASE WHEN ok THEN {next_fence} END AS fence "
-                f"FROM (SELECT pg_try_{lock_fn[3:]}($1) AS ok) AS attempt",
-                key,
-            )
-            assert row is not None
-            if not row["ok"]:
-                raise LockTimeout(f"lock {name!r} is held (timeout=0: tried once)")
-            return row["fence"]  # type: ignore[no-any-return]
-        async with conn.transaction():  # a savepoint: a timeout rolls back only this
-            return await conn.fetchval(  # type: ignore[no-any-return]
-                "WITH saved AS (SELECT current_setting('lock_timeout') AS old), "
-                "limited AS (SELECT old, set_config('lock_timeout', $2, true) FROM saved), "
-                f"locked AS (SELECT old, {lock_fn}($1) FROM limited) "
-                f"SELECT {next_fence} FROM locked, LATERAL "
-                "(SELECT set_config('lock_timeout', locked.old, true)) AS restored",
-                key,
-                _timeout_ms(wait),
-            )
+        if not fence:
+            await _take_xact(conn, name, key, shared=shared, wait=wait, savepoint=True)
+            return None
+        began = time.monotonic()
+        await ensure_fence_sequence(conn, schema, fence_sequence)
+        sequence = f"{quote_ident(schema)}.{quote_ident(fence_sequence)}"
+        async with conn.transaction():  # a savepoint: a failure gives back the lock too
+            await _take_xact(conn, name, key, shared=shared, wait=wait, savepoint=False)
+            left = wait
+            if left:  # what is left of the caller's timeout bounds the fence step
+                left = max(left - (time.monotonic() - began), 0.001)
+            return await _xact_fence(conn, key, sequence, left)
     except LockError:
         raise
     except asyncpg.exceptions.LockNotAvailableError as exc:
@@ -256,6 +358,78 @@ async def advisory_xact_lock(
         raise LockTimeout(f"lock {name!r} not acquired within {wait:g}s") from exc
     except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
         raise BackendError(f"PostgreSQL: {exc}") from exc
+
+
+async def _take_xact(
+    conn: asyncpg.Connection[Any],
+    name: str,
+    key: int,
+    *,
+    shared: bool,
+    wait: float | None,
+    savepoint: bool,
+) -> None:
+    """Take the transaction lock of ``key``; LockTimeout if a try finds it held.
+
+    A timed wait runs in a savepoint of its own unless the caller already opened one
+    (``savepoint=False``), so that its timeout leaves the transaction usable."""
+    lock_fn = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+    if wait is None:
+        await conn.fetchval(f"SELECT NULL FROM {lock_fn}($1)", key)
+        return
+    if wait == 0:
+        if not await conn.fetchval(f"SELECT pg_try_{lock_fn[3:]}($1)", key):
+            raise LockTimeout(f"lock {name!r} is held (timeout=0: tried once)")
+        return
+    # lock_timeout is set local to the transaction and put back after the lock: a
+    # savepoint that is released (not rolled back) keeps what was set inside it.
+    statement = (
+        "WITH saved AS (SELECT current_setting('lock_timeout') AS old), "
+        "limited AS (SELECT old, set_config('lock_timeout', $2, true) FROM saved), "
+        f"locked AS (SELECT old, {lock_fn}($1) FROM limited) "
+        "SELECT NULL FROM locked, LATERAL "
+        "(SELECT set_config('lock_timeout', locked.old, true)) AS restored"
+    )
+    if not savepoint:
+        await conn.fetchval(statement, key, _timeout_ms(wait))
+        return
+    async with conn.transaction():
+        await conn.fetchval(statement, key, _timeout_ms(wait))
+
+
+class _GiveBack(Exception):
+    """Rolls back the fence step's savepoint once its fence was read."""
+
+
+async def _xact_fence(
+    conn: asyncpg.Connection[Any], key: int, sequence: str, wait: float | None
+) -> int:
+    """The fence for a transaction lock of ``key`` the caller holds: the fence step in a
+    savepoint that is rolled back at once, which releases the fence key (a transaction
+    lock would otherwise be held until the caller's transaction ends, serialising every
+    holder of the name behind it) and the step's ``lock_timeout``."""
+    if wait is None:
+        limited = "(SELECT 1) AS limited"  # the session's own lock_timeout, if any
+        bound = None
+    elif wait == 0:
+        limited = f"(SELECT {lock_timeout_sql('$3', unless_set=True)} OFFSET 0) AS limited"
+        bound = str(TRY_FENCE_WAIT_MS)
+    else:
+        limited = f"(SELECT {lock_timeout_sql('$3', unless_set=False)} OFFSET 0) AS limited"
+        bound = _timeout_ms(wait)
+    statement = fence_select(sequence, granted_rows=limited, fence_key=("$1", "$2"))
+    args: list[object] = [*fence_ids(key)]
+    if bound is not None:
+        args.append(bound)
+    fence: int | None = None
+    with contextlib.suppress(_GiveBack):
+        async with conn.transaction():
+            row = await conn.fetchrow(statement, *args)
+            assert row is not None
+            fence = row["fence"]
+            raise _GiveBack
+    assert fence is not None
+    return fence
 
 
 async def ensure_fence_sequence(conn: asyncpg.Connection[Any], schema: str, sequence: str) -> None:

@@ -468,6 +468,22 @@ class TestTransactionLocks:
             with pytest.raises(LockTimeout):
                 await coord.lock("s", timeout=0).acquire()
 
+    async def test_a_fence_does_not_hold_back_readers_until_commit(
+        self, pool: asyncpg.Pool, coord: asynclock.Coordinator, namespace: str
+    ) -> None:
+        """fence=True gives the name's fence key back before it returns: while the
+        caller's transaction stays open, a reader's fence step does not wait for it."""
+        # Set up first: a fence sequence created inside the open transaction below would
+        # hold back the coordinator's own set-up until that transaction ends.
+        assert not await coord.is_locked("read")
+        async with pool.acquire() as conn, conn.transaction():
+            fence = await advisory_xact_lock(
+                conn, "read", shared=True, fence=True, timeout=0, namespace=namespace
+            )
+            async with coord.lock("read", shared=True, timeout=0) as lease:
+                assert lease.fence > fence
+            assert await conn.fetchval("SHOW lock_timeout") == "0"
+
 
 class TestKeys:
     def test_documented_example(self) -> None:

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import cast
 
 import asyncpg
 import pytest
 
 import asynclock
-from asynclock import BackendError, LockTimeout
+from asynclock import BackendError, Election, LockTimeout
 from asynclock.backends import PostgresBackend
 from asynclock.backends.base import Attempt, Claim
 from asynclock.testing.proxy import FaultProxy
@@ -298,6 +300,36 @@ class TestRoleTimeouts:
             lease = await asyncio.wait_for(waiter, 10)
             await lease.release()
 
+    async def test_a_role_transaction_timeout_does_not_end_a_wait(
+        self,
+        asynclock_postgres_dsn: str,
+        role_dsn: RoleDsn,
+        admin: asyncpg.Connection,
+        namespace: str,
+        sequence: str,
+    ) -> None:
+        """ALTER ROLE ... SET transaction_timeout (PostgreSQL >= 17): a wait in the queue
+        longer than that is not ended by it (it ended the session: BackendError)."""
+        if admin.get_server_version().major < 17:
+            pytest.skip("transaction_timeout is PostgreSQL 17+")
+        dsn = await role_dsn(transaction_timeout="300ms")
+        async with (
+            asynclock.connect(
+                asynclock_postgres_dsn, namespace=namespace, fence_sequence=sequence
+            ) as holder_coord,
+            asynclock.connect(dsn, namespace=namespace, fence_sequence=sequence) as coord,
+        ):
+            key = backend_of(coord).key("long-wait")
+            holder = await holder_coord.lock("long-wait", ttl=30).acquire()
+            waiter = asyncio.create_task(coord.lock("long-wait", ttl=30, timeout=5).acquire())
+            await wait_for_rows(admin, 2, key)
+            # Longer than the role's transaction_timeout (a lower bound: load only adds).
+            await asyncio.sleep(1.0)
+            assert not waiter.done()
+            await holder.release()
+            lease = await asyncio.wait_for(waiter, 10)
+            await lease.release()
+
 
 class TestDsns:
     @pytest.mark.parametrize("password", ["s3cr#tPW", "s3/cr?tPW", "p@ss#w/rd"])
@@ -486,6 +518,88 @@ class TestIdentities:
             assert seen[:2] == [None, NON_ASCII + LONG]
             assert set(seen) <= {None, NON_ASCII + LONG}
             assert seen.count(NON_ASCII + LONG) == 1
+
+
+async def first_observed(election: Election) -> str | None:
+    """The first leader ``election.observe()`` yields (the observer then stops)."""
+    observing = cast("AsyncGenerator[str | None, None]", election.observe())
+    async with contextlib.aclosing(observing):
+        return await asyncio.wait_for(anext(observing), 10)
+
+
+class TestElectionHolders:
+    """Only candidates lead: the election's lock held by a session that is not a
+    candidate, or not yet named as one, is never reported as a leader."""
+
+    async def test_a_foreign_holder_of_the_key_is_no_leader(
+        self, asynclock_postgres_dsn: str, namespace: str
+    ) -> None:
+        """A session of the application holds the election's key: leader() is None and
+        observe() starts with None; inspect() still shows that session (leader() named
+        it)."""
+        conn = await asyncpg.connect(
+            asynclock_postgres_dsn, server_settings={"application_name": "a-migration"}
+        )
+        try:
+            async with asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as coord:
+                election = coord.election("chief", ttl=5)
+                key = backend_of(coord).key("election:chief")
+                await conn.execute("SELECT pg_advisory_lock($1)", key)
+                info = await coord.inspect("election:chief")
+                assert info is not None
+                assert (info.owner, info.fence, info.expires_in) == ("a-migration", 0, math.inf)
+                assert await election.leader() is None
+                assert await first_observed(election) is None
+        finally:
+            await conn.close()
+
+    async def test_a_candidate_granted_before_its_fence_is_named(
+        self,
+        asynclock_postgres_dsn: str,
+        admin: asyncpg.Connection,
+        namespace: str,
+        sequence: str,
+    ) -> None:
+        """A candidate granted the lock whose fence step is held back (a migration's ALTER
+        SEQUENCE): leader(), observe() and inspect() name the candidate, not ``pid N``,
+        and it leads once the step ends."""
+        options = {"namespace": namespace, "fence_sequence": sequence}
+        await admin.execute(f'CREATE SEQUENCE IF NOT EXISTS "{sequence}" CACHE 1')
+        try:
+            async with (
+                asynclock.connect(asynclock_postgres_dsn, **options) as a,
+                asynclock.connect(asynclock_postgres_dsn, **options) as b,
+            ):
+                key = backend_of(a).key("election:chief")
+                candidate = a.election("chief", ttl=30, identity="api-7")
+                watcher = b.election("chief", ttl=30)
+                leading = asyncio.Event()
+
+                async def lead() -> None:
+                    async with candidate.leadership():
+                        leading.set()
+                        await asyncio.sleep(3600)
+
+                async with sequence_locked(admin, sequence):
+                    task = asyncio.create_task(lead())
+                    await wait_for_rows(admin, 1, key)  # granted: the fence step waits
+                    assert [row["granted"] for row in await advisory_rows(admin, key)] == [True]
+                    assert not leading.is_set()
+                    info = await b.inspect("election:chief")
+                    assert info is not None
+                    assert (info.owner, info.fence) == ("api-7", 0)
+                    assert await watcher.leader() == "api-7"
+                    assert await first_observed(watcher) == "api-7"
+                await asyncio.wait_for(leading.wait(), 10)
+                info = await b.inspect("election:chief")
+                assert info is not None
+                assert info.owner == "api-7"
+                assert info.fence > 0
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        finally:
+            await admin.execute(f'DROP SEQUENCE IF EXISTS "{sequence}"')
 
 
 class TestSilentServerAtRelease:

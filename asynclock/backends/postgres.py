@@ -4,12 +4,16 @@ A lease holds one connection out of the pool for its whole life (a *session*): t
 advisory lock belongs to that session and ends with it. Each step is one statement, so
 one round trip:
 
-- acquire: ``pg_advisory_lock`` (or ``_shared``) waiting in the server's own lock queue
-  under a statement-local ``lock_timeout``, then the fence (``nextval`` of a sequence),
-  then session settings that give the lease a server-side TTL: ``idle_session_timeout``
-  equal to the lease's ttl (PostgreSQL >= 14), TCP keepalives, and an
-  ``application_name`` that names holder, fence and ttl for ``inspect``. If the lock is
-  not granted the statement fails and every setting reverts with it.
+- acquire: an ``application_name`` that names the holder (fence not known yet), then
+  ``pg_advisory_lock`` (or ``_shared``) waiting in the server's own lock queue under a
+  statement-local ``lock_timeout``, then the fence step
+  (:func:`asynclock.postgres.fence_select`: the server's clock in µs, never below the
+  sequence's ``nextval``, serialised per name by a transaction-level lock on the name's
+  fence key), then session settings that give the lease a server-side TTL:
+  ``idle_session_timeout`` equal to the lease's ttl (PostgreSQL >= 14), TCP keepalives,
+  and an ``application_name`` that names holder, fence and ttl for ``inspect``. Named
+  before the lock is taken, a granted session is never seen under a name that is not
+  ours. If the lock is not granted the statement takes nothing.
 - heartbeat (the watchdog's renewal): any statement resets the idle timer; it also
   checks that the session is still the one that took the lock (a transaction-pooling
   proxy would hand us another).
@@ -18,16 +22,19 @@ one round trip:
 
 A connection that failed or was interrupted mid-statement is terminated instead of being
 returned: ending the session is what certainly releases its locks. A statement that
-failed with ``lock_timeout`` may have taken its lock before it failed (in the fence's
-``nextval()``): session locks do not roll back with their statement, so every advisory
-lock of the session is dropped before the connection is used again (or it is ended).
+failed with ``lock_timeout`` may have taken its lock before it failed (in the fence
+step: its fence key, or ``nextval()`` behind a migration's ``ALTER SEQUENCE``): session
+locks do not roll back with their statement, so every advisory lock of the session is
+dropped before the connection is used again (or it is ended).
 A connection that ends under a held lease (asyncpg's termination listener) loses the
 lease at once (:meth:`Backend.on_hold_lost`).
 
 A waiting acquire first tries (``pg_try_advisory_lock``), and that statement also sets
-``client_connection_check_interval`` (1 s) for the session: the server arms that check
-when a statement starts, so set inside the waiting statement it would not apply, and a
-waiter whose process died would stay queued.
+``client_connection_check_interval`` (1 s) for the session, and lifts the session's
+``statement_timeout`` and ``transaction_timeout`` (PostgreSQL >= 17), which would end a
+wait in the queue: the server arms them when a statement (or its transaction) starts,
+so set inside the waiting statement they would not apply, and a waiter whose process
+died would stay queued.
 
 Read-write locks are shared (readers) and exclusive (writers) locks on the same key.
 PostgreSQL's lock manager prefers writers by itself: a request that conflicts with a
@@ -45,7 +52,8 @@ Semaphores: permit ``i`` (0 to limit - 1) of semaphore ``name`` is the advisory 
 ASCII(decimal i))`` (:func:`asynclock.postgres.permit_key`): ``0xFF`` never occurs in
 UTF-8, so no lock name hashes to the same input. A permit is a session lock like any
 other (TTL from ``idle_session_timeout``, renewal by heartbeat, its own fence from the
-sequence, released when its session ends). One statement takes the first free slot: a
+fence step, serialised by the semaphore's own fence key, released when its session
+ends). One statement takes the first free slot: a
 recursive CTE tries the slots one by one from a random start, each step only if the one
 before failed, so at most one slot is ever taken. A caller that waits cannot wait in the
 server's queue for "any of n keys"; it LISTENs on the semaphore's channel, holds the
@@ -81,11 +89,16 @@ from .._wakeup import Mailbox, WakeHub, WakeSlot
 from ..postgres import (
     DEFAULT_NAMESPACE,
     IDENTITY_TABLE,
+    TRY_FENCE_WAIT_MS,
     advisory_key,
     ensure_fence_sequence,
     ensure_identity_table,
+    fence_ids,
+    fence_select,
     key_in,
     lock_ids,
+    lock_timeout_sql,
+    permit_fence_ids,
     permit_prefix,
     quote_ident,
     waiting_key,
@@ -116,7 +129,8 @@ _MAX_TIMEOUT_MS = 2**31 - 1
 # Session settings a connection carries while asynclock uses it, restored when it goes
 # back to the pool. idle_session_timeout is also reset after every lease.
 _IDLE = "idle_session_timeout"
-# Everything a lease may change on its session; RESET when a connection leaves us.
+# Everything a lease may change on its session; RESET when a connection leaves us (with
+# transaction_timeout on PostgreSQL >= 17: _Statements.reset).
 _RESET = (
     "RESET application_name; RESET tcp_keepalives_idle; RESET tcp_keepalives_interval; "
     "RESET idle_session_timeout; RESET client_connection_check_interval; "
@@ -262,13 +276,15 @@ class _Conn:
 
 class _Permit:
     """What a semaphore claim needs to know besides its session: where its keys come
-    from, the waiting flag's key and the channel releases are announced on."""
+    from, the waiting flag's key, the fence key and the channel releases are announced
+    on."""
 
-    __slots__ = ("channel", "flag", "prefix")
+    __slots__ = ("channel", "fence_key", "flag", "prefix")
 
     def __init__(self, namespace: str, name: str) -> None:
         self.prefix = permit_prefix(namespace, name)
         self.flag = waiting_key(name, namespace)
+        self.fence_key = permit_fence_ids(name, namespace)
         digest = hashlib.sha256(self.prefix + b"released").hexdigest()
         self.channel = f"asynclock_p_{digest[:40]}"
 
@@ -326,18 +342,33 @@ class _Statements:
     """The SQL for one server version and configuration, built once.
 
     Lock acquire statements come in variants: trying once, trying before a wait (which
-    also arms ``client_connection_check_interval`` for the wait), or waiting
-    (``lock_timeout``); exclusive or shared; setting TCP keepalives (on a connection's
-    first lease) or not. Parameters: ``$1`` key, ``$2`` the application_name tail
-    (``<ttl ms>:<identity>``), ``$3`` idle_session_timeout (PostgreSQL >= 14), then the
-    keepalives (first lease), then ``lock_timeout`` (waiting).
+    also arms ``client_connection_check_interval`` and lifts ``statement_timeout`` and
+    ``transaction_timeout`` for the wait), or waiting; exclusive or shared; setting TCP
+    keepalives (on a connection's first lease) or not. Each names the session as ours
+    (``asynclock:0:<ttl ms>:<identity>``: holder known, fence not yet) before it takes
+    the lock, so that ``inspect()`` never sees the grant under a name that is not ours,
+    then takes the lock, runs the fence step (:func:`asynclock.postgres.fence_select`) and
+    names the session with its fence. Parameters: ``$1`` key, ``$2`` the application_name
+    tail (``<ttl ms>:<identity>``), ``$3``/``$4`` the fence key, ``$5`` ``lock_timeout``
+    (the wait's; for a try, the bound of its fence step unless the session has a
+    ``lock_timeout`` of its own), then ``idle_session_timeout`` (PostgreSQL >= 14), then
+    the keepalives (first lease).
 
     Permit scans (:attr:`scan`) take the first free slot of a semaphore; see
     :meth:`_scan`.
     """
 
-    def __init__(self, sequence: str, has_idle_timeout: bool) -> None:
-        self.has_idle_timeout = has_idle_timeout
+    def __init__(self, sequence: str, version: int) -> None:
+        self.has_idle_timeout = version >= 14
+        # transaction_timeout (PostgreSQL >= 17) ends a session whose transaction, a single
+        # statement's included, lasts longer: a wait in the queue is one. Setting or
+        # resetting it is an error on older servers.
+        has_transaction_timeout = version >= 17
+        self.unbounded = [_UNBOUNDED]
+        self.reset = _RESET
+        if has_transaction_timeout:
+            self.unbounded.append("set_config('transaction_timeout', '0', false)")
+            self.reset += "; RESET transaction_timeout"
         self.acquire: dict[tuple[bool, str, bool], str] = {}
         for configure in (False, True):
             for mode in (_TRY, _TRY_BEFORE_WAIT, _WAIT):
@@ -351,7 +382,7 @@ class _Statements:
             for flag in (_NO_FLAG, _TAKE_FLAG, _HOLD_FLAG)
         }
         unlock = {False: "pg_advisory_unlock", True: "pg_advisory_unlock_shared"}
-        reset_idle = f", set_config('{_IDLE}', $2, false)" if has_idle_timeout else ""
+        reset_idle = f", set_config('{_IDLE}', $2, false)" if self.has_idle_timeout else ""
         self.release = {
             shared: f"SELECT {fn}($1) AS released{reset_idle}" for shared, fn in unlock.items()
         }
@@ -361,7 +392,7 @@ class _Statements:
         # The NOTIFY is sent only if a waiter holds the flag. It makes the statement's
         # transaction write a commit record; nothing in it needs to be durable, so the
         # commit does not wait for the WAL flush (measured: 9 ms -> 1 ms hand-off).
-        reset_idle = f", set_config('{_IDLE}', $4, false)" if has_idle_timeout else ""
+        reset_idle = f", set_config('{_IDLE}', $4, false)" if self.has_idle_timeout else ""
         self.release_permit = (
             "WITH quick AS (SELECT set_config('synchronous_commit', 'off', true)), "
             "slot AS (SELECT coalesce(pg_advisory_unlock($1::bigint), false) AS released "
@@ -379,7 +410,7 @@ class _Statements:
         # the session that holds the lock.
         self.heartbeat = "SELECT pg_backend_pid()"
         new_ttl = "set_config('application_name', $1, false)"
-        if has_idle_timeout:
+        if self.has_idle_timeout:
             new_ttl += f", set_config('{_IDLE}', $2, false)"
         self.heartbeat_new_ttl = f"SELECT pg_backend_pid(), {new_ttl}"
         self.inspect = (
@@ -391,64 +422,72 @@ class _Statements:
             "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         )
 
-    def _granted_row(self, first: int, *, configure: bool, extra: str = "") -> tuple[str, int]:
-        """The select list that names the session for a grant (from CTE ``granted``), and
-        the number of the next free parameter. ``$<first>`` is the application_name tail."""
-        n = first + 1
-        named = f"'{_APP_PREFIX}' || granted.fence || ':' || ${first}"
-        assign = [f"set_config('application_name', {named}, false)"]
+    def _granted_row(self, tail: int, first: int, *, configure: bool, extra: str = "") -> str:
+        """The select list of a grant (from ``granted``, a :func:`fence_select`): fence,
+        the fence step's ``waited`` (selected so that it runs), pid and the session's
+        settings. ``$<tail>`` is the application_name tail; the idle timeout and the
+        keepalives take the parameters from ``$<first>`` on."""
+        n = first
+        named = f"'{_APP_PREFIX}' || granted.fence || ':' || ${tail}"
+        columns = [
+            "granted.fence",
+            "granted.waited",
+            "pg_backend_pid() AS pid",
+            f"set_config('application_name', {named}, false)",
+        ]
         if self.has_idle_timeout:
-            assign.append(f"set_config('{_IDLE}', ${n}, false)")
+            columns.append(f"set_config('{_IDLE}', ${n}, false)")
             n += 1
         if configure:
-            assign += [
+            columns += [
                 f"set_config('tcp_keepalives_idle', ${n}, false)",
                 f"set_config('tcp_keepalives_interval', ${n + 1}, false)",
             ]
-            n += 2
-        columns = ["granted.fence", "pg_backend_pid() AS pid", *assign]
         if extra:
             columns.append(extra)
-        return f"SELECT {', '.join(columns)} FROM granted", n
+        return ", ".join(columns)
 
     def _acquire(self, sequence: str, *, configure: bool, mode: str, shared: bool) -> str:
-        granted_row, n = self._granted_row(2, configure=configure)
-        fence = f"nextval('{sequence}')"
+        # Each step a subquery over the one before (see fence_select): the session named,
+        # then the lock, then the fence step, then the session's settings.
+        columns = self._granted_row(2, 6, configure=configure)
         kind = "_shared" if shared else ""
-        if mode != _WAIT:
-            check = ""
-            source = ""
+        settings = [f"set_config('application_name', '{_APP_PREFIX}0:' || $2, false)"]
+        if mode == _WAIT:
+            settings.append(lock_timeout_sql("$5", unless_set=False))
+            granted_rows = (
+                f"(SELECT pg_advisory_lock{kind}($1) FROM (SELECT {', '.join(settings)} "
+                "OFFSET 0) AS named OFFSET 0) AS locked"
+            )
+        else:
+            settings.append(lock_timeout_sql("$5", unless_set=True))
             if mode == _TRY_BEFORE_WAIT:
-                # The server arms the client-connection check and statement_timeout when
-                # a statement starts, from the session's values: set in the waiting
-                # statement itself they would come too late (measured: a killed waiter
-                # stayed queued). Session scope, set here, before the wait; RESET when
-                # the connection goes back.
-                checks = [_UNBOUNDED]
+                # The server arms the client-connection check, statement_timeout and
+                # transaction_timeout when a statement (or its transaction) starts, from
+                # the session's values: set in the waiting statement itself they would
+                # come too late (measured: a killed waiter stayed queued). Session scope,
+                # set here, before the wait; RESET when the connection goes back.
+                settings += self.unbounded
                 if self.has_idle_timeout:
-                    checks.append(
+                    settings.append(
                         "set_config('client_connection_check_interval', "
                         f"'{_CHECK_INTERVAL_MS}', false)"
                     )
-                check = f"checked AS (SELECT {', '.join(checks)}), "
-                source = " FROM checked"
-            return (
-                f"WITH {check}attempt AS (SELECT pg_try_advisory_lock{kind}($1) AS ok{source}), "
-                f"granted AS (SELECT {fence} AS fence FROM attempt WHERE ok) {granted_row}"
+            granted_rows = (
+                f"(SELECT pg_try_advisory_lock{kind}($1) AS ok FROM (SELECT "
+                f"{', '.join(settings)} OFFSET 0) AS named OFFSET 0) AS attempt WHERE ok"
             )
-        local = f"set_config('lock_timeout', ${n}, true)"
-        return (
-            f"WITH limited AS (SELECT {local}), "
-            f"locked AS (SELECT pg_advisory_lock{kind}($1) FROM limited), "
-            f"granted AS (SELECT {fence} AS fence FROM locked) {granted_row}"
-        )
+        fenced = fence_select(sequence, granted_rows=granted_rows, fence_key=("$3", "$4"))
+        return f"SELECT {columns} FROM ({fenced}) AS granted"
 
     def _scan(self, sequence: str, *, configure: bool, flag: int) -> str:
         """Take the first free permit slot, at most one, in a single statement.
 
         ``$1`` the permit prefix (bytea), ``$2`` the limit, ``$3`` the slot to start at,
-        ``$4`` the application_name tail, then idle timeout and keepalives, then (waiting)
-        the waiting flag's key and (taking it) a ``lock_timeout`` for that.
+        ``$4`` the application_name tail, ``$5``/``$6`` the semaphore's fence key, ``$7``
+        ``lock_timeout`` (for the waiting flag when taking it, else the bound of the
+        fence step unless the session has its own), then idle timeout and keepalives,
+        then (waiting) the waiting flag's key.
 
         The slots are tried one by one in a recursive CTE: each step runs only if the
         step before did not get its slot (``WHERE NOT s.ok``), so at most one
@@ -456,27 +495,32 @@ class _Statements:
         step, whatever the plan. Keys are computed by the server, as :func:`permit_key`
         does (no array of ``limit`` keys travels with every attempt).
         """
-        granted_row, n = self._granted_row(4, configure=configure)
+        flag_param = 8 + int(self.has_idle_timeout) + 2 * int(configure)
+        extra = ""
+        if flag != _NO_FLAG:
+            # Granted: the waiter is a waiter no more.
+            extra = f"pg_advisory_unlock_shared(${flag_param}::bigint)"
+        columns = self._granted_row(4, 8, configure=configure, extra=extra)
         key = (
             "('x' || left(encode(sha256($1::bytea || convert_to((({step}) % $2::int)::text, "
             "'UTF8')), 'hex'), 16))::bit(64)::bigint"
         )
-        first_source = ""
-        ctes = ""
-        if flag != _NO_FLAG:
-            # Granted: the waiter is a waiter no more.
-            granted_row = granted_row.replace(
-                " FROM granted", f", pg_advisory_unlock_shared(${n}::bigint) FROM granted"
-            )
         if flag == _TAKE_FLAG:
             # Held before the scan: a release after the scan sees the flag and notifies.
             ctes = (
-                f"limited AS (SELECT set_config('lock_timeout', ${n + 1}, true)), "
-                f"flagged AS (SELECT pg_advisory_lock_shared(${n}::bigint) FROM limited), "
+                f"limited AS (SELECT {lock_timeout_sql('$7', unless_set=False)}), "
+                f"flagged AS (SELECT pg_advisory_lock_shared(${flag_param}::bigint) "
+                "FROM limited), "
             )
             first_source = "flagged, "
+        else:
+            ctes = f"limited AS (SELECT {lock_timeout_sql('$7', unless_set=True)}), "
+            first_source = "limited, "
         first_key = key.format(step="$3::int")
         next_key = key.format(step="s.step + 1 + $3::int")
+        fenced = fence_select(
+            sequence, granted_rows="scan WHERE ok", fence_key=("$5", "$6"), carry="key, "
+        )
         return (
             f"WITH RECURSIVE {ctes}"
             "scan(step, key, ok) AS ("
@@ -485,9 +529,8 @@ class _Statements:
             "UNION ALL "
             "SELECT s.step + 1, k.key, pg_try_advisory_lock(k.key) FROM scan AS s, "
             f"LATERAL (SELECT {next_key} AS key) AS k "
-            "WHERE NOT s.ok AND s.step + 1 < $2::int), "
-            f"granted AS (SELECT key, nextval('{sequence}') AS fence FROM scan WHERE ok) "
-            + granted_row.replace("SELECT ", "SELECT granted.key, ", 1)
+            "WHERE NOT s.ok AND s.step + 1 < $2::int) "
+            f"SELECT granted.key, {columns} FROM ({fenced}) AS granted"
         )
 
 
@@ -496,8 +539,10 @@ class PostgresBackend(Backend):
 
     ``pool`` is an ``asyncpg.Pool`` the application owns (not closed by ``aclose()``).
     Names map to 64-bit keys with :func:`asynclock.postgres.advisory_key` under
-    ``namespace``. Fences come from the sequence ``schema.fence_sequence``, created on
-    first use (if the role may not, the error says what SQL to run).
+    ``namespace``. Fences are the server's clock in µs, serialised per name, with the
+    sequence ``schema.fence_sequence`` as their floor (created on first use; if the role
+    may not, the error says what SQL to run): they strictly increase per name whatever
+    schema or sequence each coordinator uses (see :mod:`asynclock.postgres`).
 
     Each held lease pins one server connection until it is released: the number of
     leases held at once (plus acquires waiting in the server's queue) is bounded by the
@@ -651,15 +696,14 @@ class PostgresBackend(Backend):
                     "pooling or a direct connection; use asynclock.postgres."
                     "advisory_xact_lock inside transactions instead."
                 )
-            has_idle_timeout = version.major >= 14
-            if not has_idle_timeout:
+            if version.major < 14:
                 logger.warning(
                     "%s is PostgreSQL %d: without idle_session_timeout a frozen client "
                     "keeps its locks until its TCP connection dies (keepalives)",
                     self._where,
                     version.major,
                 )
-            self._sql = _Statements(self._sequence, has_idle_timeout)
+            self._sql = _Statements(self._sequence, version.major)
             return self._sql
 
     # -- the Backend interface -------------------------------------------------------
@@ -720,24 +764,30 @@ class PostgresBackend(Backend):
             configure = not conn.configured
             # Try first: the statement that waits in the server's queue costs more (its
             # lock and check timeouts), so it is sent only when the lock is held.
-            args = self._acquire_args(
-                sql, session, claim.value, configure=configure, wait=0, began=began
-            )
             mode = _TRY if wait == 0 else _TRY_BEFORE_WAIT
+            args = self._acquire_args(
+                sql, session, claim.value, configure=configure, mode=mode, wait=wait, began=began
+            )
             try:
                 row = await conn.raw.fetchrow(sql.acquire[configure, mode, claim.shared], *args)
                 if row is None and wait != 0:
                     args = self._acquire_args(
-                        sql, session, claim.value, configure=configure, wait=wait, began=began
+                        sql,
+                        session,
+                        claim.value,
+                        configure=configure,
+                        mode=_WAIT,
+                        wait=wait,
+                        began=began,
                     )
                     statement = sql.acquire[configure, _WAIT, claim.shared]
                     row = await conn.raw.fetchrow(statement, *args)
             except asyncpg.exceptions.LockNotAvailableError:
                 # lock_timeout ended the statement: in the queue (nothing taken), or in the
-                # fence's nextval() *after* the grant (a migration's ALTER SEQUENCE holds
-                # the sequence; a role or session lock_timeout bounds a try too). A session
-                # lock does not roll back with its failed statement: drop whatever the
-                # session holds before the connection is used again.
+                # fence step *after* the grant (its fence key, or nextval() behind a
+                # migration's ALTER SEQUENCE). A session lock does not roll back with its
+                # failed statement: drop whatever the session holds before the
+                # connection is used again.
                 if not await self._unlock_all(session):
                     claim.handle = None
                     return None  # the session was ended instead: its locks went with it
@@ -861,26 +911,32 @@ class PostgresBackend(Backend):
         configure = not conn.configured
         # Where this scan starts: concurrent scans spread over the slots.
         start = random.randrange(claim.limit)  # noqa: S311 - load spreading, no secret
-        args: list[object] = [
-            permit.prefix,
-            claim.limit,
-            start,
-            *_session_args(sql, session, claim.value, configure),
-        ]
-        if flag != _NO_FLAG:
-            args.append(permit.flag)
+        bound = str(TRY_FENCE_WAIT_MS)
         if flag == _TAKE_FLAG:
             # Other waiters hold the flag shared; only a release takes it (exclusively,
             # for an instant). Bounded all the same.
             left = claim.recheck if deadline is None else max(0.0, deadline - sent)
-            args.append(str(max(1, math.ceil(min(left, claim.recheck) * 1000))))
+            bound = str(max(1, math.ceil(min(left, claim.recheck) * 1000)))
+        tail, settings = _session_args(sql, session, claim.value, configure)
+        args: list[object] = [
+            permit.prefix,
+            claim.limit,
+            start,
+            tail,
+            *permit.fence_key,
+            bound,
+            *settings,
+        ]
+        if flag != _NO_FLAG:
+            args.append(permit.flag)
         try:
             row = await conn.raw.fetchrow(sql.scan[configure, flag], *args)
         except asyncpg.exceptions.LockNotAvailableError:
-            # The flag was not had in time (nothing taken), or the fence's nextval() ran
-            # out of lock_timeout after a slot was taken (a permit would leak: session
-            # locks do not roll back with the statement). Drop everything the session
-            # holds, the waiting flag included (the next scan takes it again).
+            # The flag was not had in time (nothing taken), or the fence step (its fence
+            # key, or nextval()) ran out of lock_timeout after a slot was taken (a permit
+            # would leak: session locks do not roll back with the statement). Drop
+            # everything the session holds, the waiting flag included (the next scan
+            # takes it again).
             session.flagged = False
             if not await self._unlock_all(session):
                 raise BackendError(
@@ -915,19 +971,23 @@ class PostgresBackend(Backend):
         value: str,
         *,
         configure: bool,
+        mode: str,
         wait: float | None,
         began: float,
     ) -> list[object]:
-        args: list[object] = [session.key, *_session_args(sql, session, value, configure)]
-        if wait != 0:
+        """The parameters of an acquire statement (see :class:`_Statements`)."""
+        if mode == _TRY:
+            bound = str(TRY_FENCE_WAIT_MS)
+        else:
             left = None if wait is None else wait - (self.clock.now() - began)
             if left is None or left * 1000 > _MAX_TIMEOUT_MS:
                 # No server-side limit: lock_timeout stops at INT_MAX ms (24.8 days), and a
                 # longer wait ends by the caller's own deadline instead.
-                args.append("0")
+                bound = "0"
             else:
-                args.append(str(max(1, math.ceil(left * 1000))))
-        return args
+                bound = str(max(1, math.ceil(left * 1000)))
+        tail, settings = _session_args(sql, session, value, configure)
+        return [session.key, tail, *fence_ids(session.key), bound, *settings]
 
     async def extend(self, claim: Claim, ttl: float) -> bool:
         session = claim.handle
@@ -1037,25 +1097,36 @@ class PostgresBackend(Backend):
                 best: LockInfo | None = None
                 for row in rows:
                     info = _holder_info(name, row)
-                    if best is None or info.fence > best.fence:
+                    # The newest fence; ours before a foreign holder (also fence 0) when
+                    # ours has no fence yet (granted, fence step still running).
+                    rank = (info.fence, math.isfinite(info.expires_in))
+                    if best is None or rank > (best.fence, math.isfinite(best.expires_in)):
                         best = info
-                if best is not None and best.fence and best.owner.startswith(_DIGEST_MARK):
+                if (
+                    best is not None
+                    and math.isfinite(best.expires_in)  # ours, not a foreign name
+                    and best.owner.startswith(_DIGEST_MARK)
+                ):
                     best = await self._identified(conn, best)
         return best
 
     async def _identified(self, conn: Any, info: LockInfo) -> LockInfo:
         """``info`` with the identity its digest stands for (see :func:`_inline`); as it
-        is if the table or the row is missing."""
+        is if the table or the row is missing, or the digest is too short to name one."""
+        shown = info.owner[len(_DIGEST_MARK) :]
+        if len(shown) < _MIN_DIGEST_CHARS:
+            return info
         try:
-            identity = await conn.fetchval(
-                f"SELECT identity FROM {self._identities} WHERE digest = $1",
-                info.owner[len(_DIGEST_MARK) :],
+            rows = await conn.fetch(
+                f"SELECT identity FROM {self._identities} WHERE left(digest, $2) = $1 LIMIT 2",
+                shown,
+                len(shown),
             )
         except asyncpg.exceptions.UndefinedTableError:
             return info
-        if identity is None:
+        if len(rows) != 1:
             return info
-        return LockInfo(info.name, identity, info.expires_in, info.fence)
+        return LockInfo(info.name, rows[0]["identity"], info.expires_in, info.fence)
 
     async def _register(self, identity: str, ttl_ms: int) -> None:
         """Store ``identity`` in the identity table if application_name cannot show it
@@ -1370,7 +1441,7 @@ class PostgresBackend(Backend):
     async def _to_pool(self, conn: _Conn) -> None:
         """Reset what asynclock may have changed and return the connection to the pool."""
         try:
-            await conn.raw.execute(_RESET)
+            await conn.raw.execute(self._sql.reset if self._sql is not None else _RESET)
         except asyncio.CancelledError:
             # Finish in the background: asyncpg is cancelling the RESET on the server, and
             # terminating the connection under that cancellation trips asyncpg up.
@@ -1489,17 +1560,19 @@ class _Relay:
             self.hub.notify_all(self.key)  # the LISTEN connection was lost: look again
 
 
-def _session_args(sql: _Statements, session: _Session, value: str, configure: bool) -> list[object]:
-    """The parameters that name a granted session: application_name tail, idle timeout,
-    keepalives (first lease on the connection)."""
+def _session_args(
+    sql: _Statements, session: _Session, value: str, configure: bool
+) -> tuple[str, list[object]]:
+    """The application_name tail of a granted session, and the parameters of its other
+    settings: idle timeout, keepalives (first lease on the connection)."""
     ttl_ms = session.ttl_ms
-    args: list[object] = [f"{ttl_ms}:{_shown(_owner(value), ttl_ms)}"]
+    settings: list[object] = []
     if sql.has_idle_timeout:
-        args.append(str(ttl_ms))
+        settings.append(str(ttl_ms))
     if configure:
         seconds = max(1, ttl_ms // 3000)
-        args += (str(seconds), str(max(1, seconds // 3)))
-    return args
+        settings += (str(seconds), str(max(1, seconds // 3)))
+    return f"{ttl_ms}:{_shown(_owner(value), ttl_ms)}", settings
 
 
 def _owner(value: str) -> str:
@@ -1510,15 +1583,18 @@ def _owner(value: str) -> str:
 # application_name keeps at most 63 bytes (NAMEDATALEN - 1; longer is cut) of printable
 # ASCII (other characters are replaced or escaped): a holder's identity is shown there as
 # itself only when it survives that whatever the fence (a bigint: up to 19 digits) and
-# the TTL. Any other identity is shown as "#" and a digest of it, and the identity itself
-# is stored once in a table (IDENTITY_TABLE), where inspect() finds it. Storing it is
-# safer than bounding identities: the default host:pid:random identity of a host with a
-# long name (a Kubernetes pod's) must be reported as it is, and an identity cut or
-# escaped would name another holder, or one holder under two names (observe()).
+# the TTL. Any other identity is shown as "#" and the start of its digest (as much as fits
+# beside the widest fence and the TTL, at least 64 bits), and the identity itself is
+# stored once in a table (IDENTITY_TABLE) under its whole digest, where inspect() finds
+# it by that start. Storing it is safer than bounding identities: the default
+# host:pid:random identity of a host with a long name (a Kubernetes pod's) must be
+# reported as it is, and an identity cut or escaped would name another holder, or one
+# holder under two names (observe()).
 _APP_NAME_BYTES = 63
 _FENCE_DIGITS = 19
 _DIGEST_MARK = "#"
 _DIGEST_CHARS = 32
+_MIN_DIGEST_CHARS = 16
 
 
 def _inline(identity: str, ttl_ms: int) -> bool:
@@ -1539,7 +1615,11 @@ def _digest(identity: str) -> str:
 
 def _shown(identity: str, ttl_ms: int) -> str:
     """What application_name carries for ``identity``: itself, or its digest form."""
-    return identity if _inline(identity, ttl_ms) else _DIGEST_MARK + _digest(identity)
+    if _inline(identity, ttl_ms):
+        return identity
+    room = _APP_NAME_BYTES - len(_APP_PREFIX) - _FENCE_DIGITS - len(str(ttl_ms)) - 2
+    chars = max(_MIN_DIGEST_CHARS, min(_DIGEST_CHARS, room - len(_DIGEST_MARK)))
+    return _DIGEST_MARK + _digest(identity)[:chars]
 
 
 def _holder_info(name: str, row: asyncpg.Record) -> LockInfo:
