@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -729,6 +730,37 @@ class TestPipelinedConnection:
             finally:
                 proxy.heal()
                 await coord.aclose()
+
+    async def test_a_connection_lost_before_its_callers_resume(
+        self, asynclock_redis_url: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Callers of a shared connect resume a loop turn after it made the connection:
+        one lost in between (the server closed it at once) fails nothing that was never
+        sent, and their requests go out on a new one; they waited forever for replies on
+        the dead one."""
+        backend = RedisBackend.from_url(asynclock_redis_url)
+        link = backend._link
+        assert isinstance(link, Pipe)
+        connect = link._connect
+        made = 0
+
+        async def lost_at_once() -> Any:
+            nonlocal made
+            proto = await connect()
+            made += 1
+            if made == 1:
+                proto.abort(ConnectionError("closed by the server"))
+                await asyncio.sleep(0)  # its connection_lost has run
+            return proto
+
+        monkeypatch.setattr(link, "_connect", lost_at_once)
+        try:
+            calls = [asyncio.ensure_future(link.execute("PING")) for _ in range(3)]
+            async with asyncio.timeout(10):
+                assert await asyncio.gather(*calls) == [b"PONG"] * 3
+            assert made == 2
+        finally:
+            await backend.aclose()
 
     async def test_username_password_and_database_from_the_url(self, private: ValkeyServer) -> None:
         """AUTH and SELECT on connect: a lock taken through redis://user:pw@host/3 lives in

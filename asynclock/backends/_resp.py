@@ -114,6 +114,11 @@ class _Protocol(asyncio.Protocol):
     def request(self, data: bytes, callback: Callback) -> None:
         """Send one packed command; ``callback`` gets its reply (an exception on error)."""
         assert self._transport is not None
+        if self.lost is not None:
+            # Lost after it was handed out (a connect shared by several callers resumes
+            # them a loop turn later): nothing was sent, so it may be sent again.
+            callback(StaleConnection(f"connection lost before the request was sent: {self.lost}"))
+            return
         self._transport.write(data)
         if not self._pending:
             self._silent = True
