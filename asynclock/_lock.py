@@ -202,7 +202,7 @@ class Lease:
             extended = await backend.extend(self._claim, new_ttl)
         finally:
             self._end_request()
-            if extended is None and self._state is _HELD:
+            if extended is None and self._state is _HELD and not self._releasing:
                 # Failed or cancelled after the request may have left: it may have run.
                 self._assume(start, new_ttl)
                 delay = self._retry.delay(self._failures)
@@ -211,6 +211,10 @@ class Lease:
                 )
         if self._state is not _HELD:
             raise LockNotOwned(f"lease on {self.name!r} was {self._state.value} while extending")
+        if self._releasing:
+            # A release went out while this extend was on its way and has no answer yet:
+            # it decides how the lease ends (its schedule is left as it set it).
+            raise LockNotOwned(f"lease on {self.name!r} has a release pending; not extended")
         if not extended:
             self._lose("extend refused: the lock expired or has another holder")
             raise LockNotOwned(f"lease on {self.name!r} is no longer held; not extended")

@@ -47,9 +47,7 @@ class Watchdog:
     older entries of the lease are stale and skipped when popped.
     """
 
-    def __init__(
-        self, backend: Backend, spawn: Callable[..., asyncio.Task[None]], recorder: Recorder
-    ) -> None:
+    def __init__(self, backend: Backend, spawn: Callable[..., None], recorder: Recorder) -> None:
         self._backend = backend
         self._recorder = recorder
         self._clock = backend.clock
@@ -194,6 +192,11 @@ class Watchdog:
             lease._end_request()
             if lease._seq < 0:
                 continue  # released or lost meanwhile
+            if lease._releasing:
+                # A release went out after this renewal and has no answer yet: the server
+                # ran the two in some order, and the release's own clean-up (or the loss
+                # at the lease's old deadline, scheduled then) decides how it ends.
+                continue
             if extended:
                 self.renewals += 1
                 lease._failures = 0

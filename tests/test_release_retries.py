@@ -286,3 +286,40 @@ class TestCancelledRelease:
         assert coord.stats().losses == 0
         assert not await coord.is_locked("n")
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+class TestReleaseRacingARenewal:
+    @pytest.mark.parametrize("renewal", ["watchdog", "extend"])
+    async def test_a_cancelled_release_with_a_renewal_on_its_way(
+        self, asynclock_redis_url: str, namespace: str, renewal: str
+    ) -> None:
+        """A release cancelled while a renewal (the watchdog's, or extend()) is still on its
+        way over a slow link: the renewal's answer leaves the lease to its release, which
+        ends it released in the background, and release() tried again returns. The answer
+        rescheduled the lease over the release's deadline, with no validity left: it was
+        lost at once, and the retry raised LockNotOwned."""
+        async with (
+            FaultProxy.from_url(asynclock_redis_url) as proxy,
+            asynclock.connect(proxy.url_for(asynclock_redis_url), prefix=namespace) as coord,
+        ):
+            lease = await coord.lock("racing", ttl=3.0).acquire()
+            proxy.set_latency(0.1)  # every request takes about 0.2 s from now on
+            extending: asyncio.Future[None] | None = None
+            if renewal == "watchdog":
+                assert await eventually(lambda: lease._renewing, 3.0)
+            else:
+                extending = asyncio.ensure_future(lease.extend())
+                await asyncio.sleep(0.02)
+            releasing = asyncio.ensure_future(lease.release())
+            await asyncio.sleep(0.03)  # its request has left
+            releasing.cancel()
+            await asyncio.gather(releasing, return_exceptions=True)
+            if extending is not None:
+                with pytest.raises(LockNotOwned):  # released, or a release pending
+                    await extending
+            assert await eventually(lambda: not lease.held, 5.0)
+            assert not lease.lost
+            await lease.release()  # the retry of the interrupted one
+            assert coord.stats().losses == 0
+            proxy.heal()
+            assert not await coord.is_locked("racing")
