@@ -339,16 +339,20 @@ class Coordinator:
         await asyncio.shield(closing)
 
     async def _close(self) -> None:
-        """The awaited part of :meth:`aclose`, run once as a task of its own."""
+        """The awaited part of :meth:`aclose`, run once as a task of its own. Acquires on
+        their way and background clean-ups share one bound of :data:`_CLOSE_TIMEOUT`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _CLOSE_TIMEOUT
         if self._in_flight and not self._backend.native_wait:
             # A request on its way may still be granted: the acquire then gives it back
             # (a background task, awaited below) while the backend can still send. (A
             # wait in the server's own queue ends with its session, which closing ends.)
             self._drained = asyncio.Event()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_CLOSE_TIMEOUT):
+                async with asyncio.timeout_at(deadline):
                     await self._drained.wait()
-        await self._tasks.close(_CLOSE_TIMEOUT)
+        # From then on nothing is started in the background (see _spawn).
+        await self._tasks.close(max(deadline - loop.time(), 0.0))
         await self._backend.aclose()
 
     async def __aenter__(self) -> Self:
@@ -408,9 +412,11 @@ class Coordinator:
         self._held.pop(lease, None)
         self._watchdog.forget(lease)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
-        """Run a background task that aclose() waits for (bounded)."""
-        return self._tasks.spawn(coro, name=name)
+    def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
+        """Run a background task that aclose() waits for (bounded); none once aclose()
+        has closed them (an acquire that fails after that has nothing left to send on:
+        the backend is closing, and what it took ends by its TTL)."""
+        self._tasks.spawn_unless_closed(coro, name=name)
 
     def _discard(
         self,

@@ -178,6 +178,7 @@ class Lease:
         if the server could not be reached (the lease stays held; the watchdog retries).
         """
         new_ttl = self.ttl if ttl is None else self._coord._check_validity(check_ttl(ttl))
+        self._coord._check_loop()
         while True:  # checked again after waiting: the lease may have ended meanwhile
             if self._state is not _HELD:
                 raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; cannot extend")
@@ -270,6 +271,7 @@ class Lease:
         the answer), and raises :class:`LockNotOwned` only if the server says the lock
         was not this lease's (it had expired, or has another holder).
         """
+        self._coord._check_loop()
         if self._state is not _HELD:
             if self._releasing and self._state is _RELEASED:
                 # The interrupted release was confirmed in the background: this call is

@@ -31,12 +31,13 @@ class TaskSet:
     traceback, since nobody else will see them.
     """
 
-    __slots__ = ("_owner", "_quiet", "_tasks")
+    __slots__ = ("_closed", "_owner", "_quiet", "_tasks")
 
     def __init__(self, owner: str) -> None:
         self._owner = owner
         self._tasks: set[asyncio.Task[Any]] = set()
         self._quiet: set[asyncio.Task[Any]] = set()
+        self._closed = False
 
     def spawn(
         self, coro: Coroutine[Any, Any, T], *, name: str, quiet: bool = False
@@ -48,6 +49,18 @@ class TaskSet:
             self._quiet.add(task)
         task.add_done_callback(self._finished)
         return task
+
+    def spawn_unless_closed(
+        self, coro: Coroutine[Any, Any, Any], *, name: str, quiet: bool = False
+    ) -> bool:
+        """:meth:`spawn` for clean-up work, unless :meth:`close` has returned: then
+        ``coro`` is closed unstarted (nobody would be left to end its task: what it was
+        to give back ends by its TTL) and False is returned."""
+        if self._closed:
+            coro.close()
+            return False
+        self.spawn(coro, name=name, quiet=quiet)
+        return True
 
     def _finished(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -66,19 +79,23 @@ class TaskSet:
 
     async def close(self, grace: float) -> None:
         """Give the tasks ``grace`` seconds to end, then cancel the rest and wait for
-        them (a task that ignores its cancel is logged and left after another second)."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=grace)
-        pending = set(self._tasks)
-        if not pending:
-            return
-        for task in pending:
-            task.cancel()
-        _, stuck = await asyncio.wait(pending, timeout=1.0)
-        for task in stuck:
-            logger.warning(
-                "background task %s of %s ignored its cancel", task.get_name(), self._owner
-            )
+        them (a task that ignores its cancel is logged and left after another second).
+        Clean-ups offered after that are not started (:meth:`spawn_unless_closed`)."""
+        try:
+            if self._tasks:
+                await asyncio.wait(set(self._tasks), timeout=grace)
+            pending = set(self._tasks)
+            if not pending:
+                return
+            for task in pending:
+                task.cancel()
+            _, stuck = await asyncio.wait(pending, timeout=1.0)
+            for task in stuck:
+                logger.warning(
+                    "background task %s of %s ignored its cancel", task.get_name(), self._owner
+                )
+        finally:
+            self._closed = True
 
     def __repr__(self) -> str:
         return f"<TaskSet of {self._owner}: {len(self._tasks)} running>"

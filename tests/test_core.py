@@ -138,7 +138,8 @@ class TestEventLoops:
     ) -> None:
         """A coordinator made outside any loop and used in one: a use from another event
         loop (a second asyncio.run(), a test client's own loop) fails at once with an
-        error that says so. It waited forever (timeout=None) or blamed the server."""
+        error that says so, lease methods included. It waited forever (timeout=None) or
+        blamed the server."""
         if kind == "memory":
             coord = asynclock.connect(f"memory://{namespace}")
         elif kind == "redis":
@@ -162,10 +163,13 @@ class TestEventLoops:
         first = asyncio.new_event_loop()
         try:
             first.run_until_complete(use())
+            lease = first.run_until_complete(coord.lock(f"{namespace}-held", ttl=10).acquire())
+            calls += [lease.extend, lease.release]
             for call in calls:
                 with pytest.raises(RuntimeError, match="another event loop"):
                     asyncio.run(asyncio.wait_for(call(), 30))
             first.run_until_complete(use())  # still fine in its own loop
+            first.run_until_complete(lease.release())
             first.run_until_complete(coord.aclose())
         finally:
             first.close()

@@ -323,6 +323,48 @@ class TestCloseLeavesNoConnection:
             with pytest.raises(asynclock.CoordinatorClosed):
                 await waiting
 
+    @pytest.mark.parametrize("kind", ["acquire", "waiter"])
+    async def test_aclose_keeps_to_one_bound_and_leaves_no_task(
+        self,
+        asynclock_redis_url: str,
+        namespace: str,
+        monkeypatch: pytest.MonkeyPatch,
+        kind: str,
+    ) -> None:
+        """A held lease and an acquire (or a waiter) on their way over a link that stopped
+        answering, with a socket timeout longer than the close's bound: aclose() ends
+        within one bound (acquires on their way and give-backs shared it; it took two),
+        and no background task outlives it (the acquire, failing after the close, started
+        its give-back in a task set that was closed already)."""
+        bound = 1.0
+        monkeypatch.setattr(asynclock._coordinator, "_CLOSE_TIMEOUT", bound)
+        async with FaultProxy.from_url(asynclock_redis_url) as proxy:
+            coord = asynclock.connect(
+                proxy.url_for(asynclock_redis_url), prefix=namespace, socket_timeout=1.3
+            )
+            await coord.lock("held", ttl=30).acquire()
+            if kind == "waiter":
+                other = asyncio.ensure_future(coord.lock("held", ttl=30).acquire())
+                assert await eventually(lambda: len(coord._waiting) == 1)
+                proxy.blackhole()
+            else:
+                proxy.blackhole()
+                other = asyncio.ensure_future(coord.lock("other", ttl=30).acquire())
+                await asyncio.sleep(0.1)  # its request is on its way
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            await coord.aclose()
+            took = loop.time() - began
+            left = [
+                t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("asynclock")
+            ]
+            await asyncio.gather(other, return_exceptions=True)
+            proxy.heal()
+        assert left == []
+        # One bound (a waiter's leave in the background ends by the socket timeout, 1.3 s);
+        # an acquire on its way and the give-backs each took a whole bound before.
+        assert took < 1.8 * bound, f"aclose() took {took:.2f}s with a bound of {bound}s"
+
     async def test_aclose_in_a_leases_own_body_closes_every_connection(
         self, asynclock_redis_url: str, namespace: str
     ) -> None:

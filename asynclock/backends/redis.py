@@ -1114,14 +1114,15 @@ class _Waiter:
         # task of the backend's: a cancel landing here (a second one, a timeout firing
         # while a LockTimeout leaves) must not stop them before they start, which kept
         # the place in the queue until it lapsed and the channel subscribed for good.
-        backend._tasks.spawn(
+        backend._tasks.spawn_unless_closed(
             self._leave(slot.tag), name=f"asynclock-leave-wait:{self._keys.channel}"
         )
         # Not waited for: the caller's deadline and cancel come first (a server that
         # stopped answering would hold a LockTimeout back). The leave goes on in the
         # background, owned by the backend, which aclose() waits for (bounded). One turn
-        # of the loop lets it send its commands before the caller's next ones (a retry
-        # of the acquire, on the same pipelined connection, then comes after it).
+        # of the loop lets it start. The caller's next request may still reach the server
+        # before the DEQUEUE: a retry then queues behind its own old place, and the
+        # DEQUEUE, finding that place first in line, wakes the retry (see _scripts).
         await asyncio.sleep(0)
 
     async def _leave(self, value: str) -> None:

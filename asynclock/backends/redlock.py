@@ -321,15 +321,12 @@ class RedlockBackend(Backend):
         ]
         silent = [node for node in self._nodes if node not in answered]
         if silent:
-            self._background(lambda node: node.run(release), silent)
+            self._tasks.spawn_unless_closed(
+                self._each(lambda node: node.run(release), silent),
+                name="asynclock-redlock-background",
+            )
         await self._script(release, answered)
         return Attempt(None, self._free_in(replies, len(granted))), failed
-
-    def _background(
-        self, op: Callable[[RedisBackend], Awaitable[object]], nodes: Sequence[RedisBackend]
-    ) -> asyncio.Task[Any]:
-        """``op`` on ``nodes`` without waiting for them (each bounded by node_timeout)."""
-        return self._tasks.spawn(self._each(op, nodes), name="asynclock-redlock-background")
 
     def _free_in(self, replies: Sequence[object], free: int) -> float | None:
         """When enough holders' leases run out for a majority, if every holder said."""
@@ -602,7 +599,7 @@ class _RedlockWaiter:
             # Cancelled while a slow node had yet to confirm: the nodes that did keep a
             # reference each (the channel would stay subscribed for good). Drop them.
             if subscribed:
-                backend._tasks.spawn(
+                backend._tasks.spawn_unless_closed(
                     self._unsubscribe(subscribed, confirm=False),
                     name=f"asynclock-redlock-unsubscribe:{channel}",
                 )
@@ -624,7 +621,7 @@ class _RedlockWaiter:
             return
         # Giving up (timed out, cancelled): the unsubscribes go on in the background, so
         # that silent nodes do not hold the caller's LockTimeout or cancel back.
-        self._backend._tasks.spawn(
+        self._backend._tasks.spawn_unless_closed(
             self._unsubscribe(subscribed, confirm=True),
             name=f"asynclock-redlock-unsubscribe:{self._channel}",
         )
