@@ -711,9 +711,11 @@ class Lock:
             if attempt.retry_after is not None:
                 pause = min(pause, attempt.retry_after + _EXPIRY_MARGIN)
             until = now + pause if deadline is None else min(now + pause, deadline)
-            await slot.wait(clock, until)
+            woken = await slot.wait(clock, until)
             if deadline is not None and clock.now() >= deadline:
-                # Out of time: no attempt with nothing left to wait for its answer.
+                # Out of time: no attempt with nothing left to wait for its answer. A
+                # wake-up it did not use goes to the next waiter when the slot is left.
+                slot.woken = woken
                 raise LockTimeout(f"lock {self.name!r} not acquired within {self.timeout:g}s")
 
     async def _attempt(

@@ -239,3 +239,28 @@ class TestNames:
                 assert info.name == name
                 assert info.fence == lease.fence
             assert not await coord.is_locked(name)
+
+
+class TestWakeUpsAtTheDeadline:
+    async def test_a_wake_up_at_the_deadline_goes_to_the_next_waiter(self) -> None:
+        """A waiter woken by a release in the instant its deadline passes gives up; the
+        wake-up it did not use goes to the next waiter, which gets the lock at once instead
+        of after its backoff (a minute here)."""
+        clock = ManualClock()
+        async with asynclock.Coordinator(MemoryBackend(clock=clock)) as coord:
+            # A semaphore of one: its release wakes one waiter (a lock's wakes every
+            # waiting writer on this backend).
+            holder = await coord.semaphore("x", 1, ttl=600).acquire()
+            slow = Backoff(initial=60.0, maximum=60.0, jitter=False)
+            first = asyncio.create_task(coord.semaphore("x", 1, ttl=600, timeout=1.0).acquire())
+            await clock.settle()
+            second = asyncio.create_task(coord.semaphore("x", 1, ttl=600, retry=slow).acquire())
+            await clock.settle()
+            clock.jump(1.0)  # the first waiter's deadline: its timer has fired ...
+            await holder.release()  # ... and the release wakes it in the same instant
+            await clock.settle()
+            with pytest.raises(asynclock.LockTimeout):
+                await first
+            lease = await asyncio.wait_for(second, 5)
+            assert lease.held
+            await lease.release()
