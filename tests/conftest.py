@@ -100,6 +100,16 @@ async def eventually(predicate: Callable[[], bool], within: float = 2.0) -> bool
     return True
 
 
+async def interrupted_aclose(coord: asynclock.Coordinator, steps: int) -> None:
+    """Start ``coord.aclose()``, let the loop run ``steps`` times, cancel it, and wait
+    until that call has ended (however it ended)."""
+    closing = asyncio.create_task(coord.aclose())
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    closing.cancel()
+    await asyncio.gather(closing, return_exceptions=True)
+
+
 def redis_backend(coord: asynclock.Coordinator) -> RedisBackend:
     backend = coord.backend
     assert isinstance(backend, RedisBackend)

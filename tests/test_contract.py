@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 
@@ -13,7 +12,7 @@ import asynclock
 from asynclock import Backoff, LockNotOwned, LockTimeout
 from asynclock._validate import MAX_NAME_BYTES
 
-from .conftest import MakeCoord, eventually
+from .conftest import MakeCoord, eventually, interrupted_aclose
 
 
 class TestMutualExclusion:
@@ -338,12 +337,7 @@ class TestClose:
         with the backend still open."""
         coord, observer = make_coord(), make_coord()
         lease = await coord.lock("closing", ttl=30).acquire()
-        closing = asyncio.create_task(coord.aclose())
-        for _ in range(steps):
-            await asyncio.sleep(0)
-        closing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await closing
+        await interrupted_aclose(coord, steps)
         await coord.aclose()
         assert not lease.held
         assert await observer.inspect("closing") is None

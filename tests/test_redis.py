@@ -23,7 +23,7 @@ from asynclock.backends.redis import LINGER
 from asynclock.testing import ValkeyFactory, ValkeyServer
 from asynclock.testing.proxy import FaultProxy
 
-from .conftest import eventually, redis_backend
+from .conftest import eventually, interrupted_aclose, redis_backend
 
 
 @pytest.fixture
@@ -310,12 +310,7 @@ class TestCloseLeavesNoConnection:
             waiting = asyncio.create_task(coord.lock("held", ttl=30).acquire())
             assert await eventually(lambda: len(coord._waiting) == 1)
             assert proxy.stats.active >= 2
-            closing = asyncio.create_task(coord.aclose())
-            for _ in range(steps):
-                await asyncio.sleep(0)
-            closing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await closing
+            await interrupted_aclose(coord, steps)
             await coord.aclose()
             # (the proxy sees a socket close a loop iteration or two later)
             assert await eventually(lambda: proxy.stats.active == 0)
