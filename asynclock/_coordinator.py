@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 from urllib.parse import urlsplit
@@ -19,7 +19,7 @@ from ._lock import Lease, Lock, ReadWriteLock
 from ._stats import CoordinatorStats, Recorder
 from ._tasks import TaskSet
 from ._validate import check_name, check_timeout, check_ttl
-from ._wakeup import WakeSlot
+from ._wakeup import Mailbox, WakeSlot
 from ._watchdog import Watchdog
 from .backends.base import Backend, Claim, LockInfo
 from .backends.memory import MemoryBackend
@@ -76,8 +76,10 @@ class Coordinator:
         self.identity = identity or default_identity()
         self._held: dict[Lease, None] = {}
         self._tasks = TaskSet(f"coordinator {self.identity!r}")
-        # Wake-up slots of this coordinator's waiting acquires: woken by aclose().
+        # Wake-up slots of this coordinator's waiting acquires, and the mailboxes of its
+        # elections' observers: woken by aclose().
         self._waiting: set[WakeSlot] = set()
+        self._observers: set[Mailbox] = set()
         self._recorder = Recorder(type(backend).__name__, telemetry)
         self._watchdog = Watchdog(backend, self._spawn, self._recorder)
         self._closed = False
@@ -331,6 +333,8 @@ class Coordinator:
                     lease._lose("the coordinator was closed")
             for slot in list(self._waiting):
                 slot._wake()  # waiting acquires see the coordinator closed and raise
+            for mailbox in list(self._observers):
+                mailbox.put("")  # observers look again, and see it closed
             self._watchdog.close()
             closing = self._closing = asyncio.ensure_future(self._close())
             closing.add_done_callback(_retrieve)
@@ -372,6 +376,16 @@ class Coordinator:
         return f"<Coordinator {self._backend.describe()} identity={self.identity!r} {state}>"
 
     # -- for Lock, Lease and Watchdog --------------------------------------------------
+
+    @contextlib.contextmanager
+    def _observing(self, mailbox: Mailbox) -> Iterator[None]:
+        """An election observer's mailbox, told to look again when the coordinator
+        closes (observe() then raises CoordinatorClosed instead of sleeping on)."""
+        self._observers.add(mailbox)
+        try:
+            yield
+        finally:
+            self._observers.discard(mailbox)
 
     def _acquire_ended(self) -> None:
         self._in_flight -= 1

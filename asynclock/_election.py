@@ -15,7 +15,6 @@ expiry) is no leader for ``leader()`` and ``observe()``; ``inspect()`` still sho
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -113,41 +112,55 @@ class Election:
         leader it finds then. Only the first look raises :class:`BackendError` (nothing
         to observe from yet).
         """
-        backend = self._coord.backend
+        coord = self._coord
+        backend = coord.backend
         clock = backend.clock
         async with backend.listen(self._topic) as mailbox:
-            # Listening first, reading second: a change between the two is not missed.
-            info = await self._holder()
-            leader = None if info is None else info.owner
-            term = 0 if info is None else info.fence
-            yield leader
-            expires = math.inf if info is None else info.expires_in
-            while True:
-                # Without news, look again when the leader's lease could have ended
-                # (a crashed leader says nothing), or after a ttl when there is none.
-                wait = expires if math.isfinite(expires) else self.ttl
-                message = await mailbox.get(clock, clock.now() + wait + 0.05)
-                seen = _parse(message) if message else None
-                if seen is None:  # a timeout, or "look again" after a lost connection
-                    info = await self._look_again()
-                    now_leader = None if info is None else info.owner
-                    now_term = 0 if info is None else info.fence
-                    expires = math.inf if info is None else info.expires_in
-                    if (now_leader, now_term) != (leader, term):
-                        changed = now_leader != leader
-                        leader, term = now_leader, now_term
-                        if changed:
+            with coord._observing(mailbox):
+                # Listening first, reading second: a change between the two is not missed.
+                info = await self._holder()
+                leader = None if info is None else info.owner
+                term = 0 if info is None else info.fence
+                yield leader
+                expires = math.inf if info is None else info.expires_in
+                while True:
+                    # Without news, look again when the leader's lease could have ended
+                    # (a crashed leader says nothing), or after a ttl when there is none.
+                    wait = expires if math.isfinite(expires) else self.ttl
+                    message = await mailbox.get(clock, clock.now() + wait + 0.05)
+                    seen = _parse(message) if message else None
+                    if seen is None:  # a timeout, or "look again" after a lost connection
+                        info = await self._look_again()
+                        now_leader = None if info is None else info.owner
+                        now_term = 0 if info is None else info.fence
+                        expires = math.inf if info is None else info.expires_in
+                        if (now_leader, now_term) != (leader, term):
+                            changed = now_leader != leader
+                            leader, term = now_leader, now_term
+                            if changed:
+                                yield leader
+                        continue
+                    kind, seen_term, identity = seen
+                    if kind == "elected" and seen_term > term:
+                        term = seen_term
+                        if identity != leader:
+                            leader = identity
                             yield leader
-                    continue
-                kind, seen_term, identity = seen
-                if kind == "elected" and seen_term > term:
-                    term, expires = seen_term, self.ttl
-                    if identity != leader:
-                        leader = identity
-                        yield leader
-                elif kind == "resigned" and seen_term >= term and leader is not None:
-                    term, leader, expires = seen_term, None, math.inf
-                    yield None
+                        # When to look again if the new leader says nothing more: when its
+                        # own lease could end (its ttl may differ from this candidate's).
+                        info = await self._look_again()
+                        same = info is not None and info.owner == identity
+                        expires = info.expires_in if info is not None and same else 0.0
+                    elif (
+                        kind == "resigned"
+                        and seen_term >= term
+                        and leader is not None
+                        and identity == leader
+                    ):
+                        # (Only the current leader's: a late resignation of an earlier one
+                        # must not hide a leader whose term is not known yet.)
+                        term, leader, expires = seen_term, None, math.inf
+                        yield None
 
     async def _look_again(self) -> LockInfo | None:
         """The election's holder (:meth:`_holder`) once the backend answers (with
@@ -258,12 +271,18 @@ class _Leadership:
         await self._lock.__aexit__(exc_type, exc, tb)
 
     async def _announce(self, kind: str, term: Term) -> None:
-        """Best effort: observers also look again on their own."""
+        """Best effort: observers also look again on their own. A cancel that arrived
+        while the server failed is raised as the cancel, never swallowed with the error."""
         election = self._election
-        with contextlib.suppress(BackendError):
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
+        try:
             await election._coord.backend.publish(
                 election._topic, f"{kind} {term.fence} {election.identity}"
             )
+        except BackendError as exc:
+            if task is not None and task.cancelling() > cancels:
+                raise asyncio.CancelledError from exc
 
 
 def _parse(message: str) -> tuple[str, int, str] | None:

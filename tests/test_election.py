@@ -235,3 +235,66 @@ class TestOnAManualClock:
             observer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await observer
+
+
+class TestObserversFollowTheLeader:
+    async def test_a_crashed_leader_is_noticed_within_its_own_ttl(self) -> None:
+        """An observer whose election ttl (10 s) is longer than the leader's (2 s) notices
+        the crashed leader once the leader's lease could have ended, not its own ttl."""
+        clock = ManualClock()
+        backend = MemoryBackend(clock=clock)
+        async with asynclock.Coordinator(backend) as coord:
+            election = coord.election("short", ttl=2, identity="leader")
+            entered = asyncio.Event()
+
+            async def lead() -> None:
+                async with election.leadership() as term:
+                    term.lease._renew = False  # as if its process had frozen
+                    coord._watchdog.reschedule(term.lease, term.lease._valid_until)
+                    entered.set()
+                    await asyncio.sleep(3600)
+
+            seen: list[str | None] = []
+            observer = asyncio.create_task(collect(coord.election("short", ttl=10).observe(), seen))
+            await clock.settle()
+            leader = asyncio.create_task(lead())
+            await entered.wait()
+            await clock.settle()
+            assert seen == [None, "leader"]
+            backend.drop("election:short")  # the server forgets it, no announcement
+            await clock.advance(3)
+            assert seen == [None, "leader", None]
+            with pytest.raises(LeadershipLost):
+                await leader
+            observer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await observer
+
+    async def test_a_resignation_of_someone_else_does_not_hide_the_leader(
+        self, make_coord: MakeCoord
+    ) -> None:
+        """A resignation that names another candidate (a late one, from an earlier term)
+        leaves the current leader in place for observers."""
+        coord = make_coord()
+        seen: list[str | None] = []
+        async with coord.election("gap", ttl=10, identity="b").leadership() as term:
+            observer = asyncio.create_task(collect(coord.election("gap").observe(), seen))
+            assert await eventually(lambda: seen == ["b"])
+            await coord.backend.publish("election:gap", f"resigned {term.fence} a")
+            await asyncio.sleep(0.3)
+            assert seen == ["b"]
+            observer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await observer
+
+    async def test_observers_end_when_their_coordinator_closes(self, make_coord: MakeCoord) -> None:
+        """An observer waiting for news ends with CoordinatorClosed when its coordinator
+        closes, not when its next look is due (the election's ttl, a minute here)."""
+        coord = make_coord()
+        seen: list[str | None] = []
+        observer = asyncio.create_task(collect(coord.election("quiet", ttl=60).observe(), seen))
+        assert await eventually(lambda: seen == [None])
+        await coord.aclose()
+        async with asyncio.timeout(10):
+            with pytest.raises(asynclock.CoordinatorClosed):
+                await observer
