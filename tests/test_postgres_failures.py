@@ -330,6 +330,33 @@ class TestRoleTimeouts:
             lease = await asyncio.wait_for(waiter, 10)
             await lease.release()
 
+    async def test_a_pool_command_timeout_does_not_end_a_wait(
+        self, asynclock_postgres_dsn: str, admin: asyncpg.Connection, namespace: str
+    ) -> None:
+        """An application's pool with command_timeout (asyncpg's default bound of every
+        call): a wait in the queue longer than that is not ended by it (it was, with
+        BackendError); the wait's own timeout rules."""
+        pool = await asyncpg.create_pool(
+            asynclock_postgres_dsn, min_size=1, max_size=4, command_timeout=0.3
+        )
+        try:
+            async with (
+                asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as holder_coord,
+                asynclock.Coordinator(PostgresBackend(pool, namespace=namespace)) as coord,
+            ):
+                key = backend_of(coord).key("long-wait")
+                holder = await holder_coord.lock("long-wait", ttl=30).acquire()
+                waiter = asyncio.create_task(coord.lock("long-wait", ttl=30).acquire())
+                await wait_for_rows(admin, 2, key)
+                # Longer than the pool's command_timeout (a lower bound: load only adds).
+                await asyncio.sleep(0.8)
+                assert not waiter.done()
+                await holder.release()
+                lease = await asyncio.wait_for(waiter, 10)
+                await lease.release()
+        finally:
+            await pool.close()
+
 
 class TestDsns:
     @pytest.mark.parametrize("password", ["s3cr#tPW", "s3/cr?tPW", "p@ss#w/rd"])
