@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 import asynclock
-from asynclock import BackendError, Election, LockTimeout
+from asynclock import BackendError, Backoff, Election, LockTimeout
 from asynclock.backends import PostgresBackend
 from asynclock.backends.base import Attempt, Claim
 from asynclock.testing.proxy import FaultProxy
@@ -356,6 +356,33 @@ class TestRoleTimeouts:
                 await lease.release()
         finally:
             await pool.close()
+
+    async def test_a_role_idle_session_timeout_does_not_end_a_permit_wait(
+        self,
+        asynclock_postgres_dsn: str,
+        role_dsn: RoleDsn,
+        namespace: str,
+        sequence: str,
+    ) -> None:
+        """ALTER ROLE ... SET idle_session_timeout: a semaphore waiter's session, idle
+        between its scans for longer than that, is not ended by it (it was: BackendError);
+        the permit is granted when it comes free."""
+        dsn = await role_dsn(idle_session_timeout="500ms")
+        async with (
+            asynclock.connect(
+                asynclock_postgres_dsn, namespace=namespace, fence_sequence=sequence
+            ) as holder_coord,
+            asynclock.connect(dsn, namespace=namespace, fence_sequence=sequence) as coord,
+        ):
+            holder = await holder_coord.semaphore("few", 1, ttl=30).acquire()
+            waiting = coord.semaphore("few", 1, ttl=30, timeout=10, retry=Backoff(maximum=5.0))
+            waiter = asyncio.create_task(waiting.acquire())
+            # Longer than the role's idle_session_timeout (a lower bound: load only adds).
+            await asyncio.sleep(1.2)
+            assert not waiter.done()
+            await holder.release()
+            permit = await asyncio.wait_for(waiter, 10)
+            await permit.release()
 
 
 class TestDsns:

@@ -587,8 +587,14 @@ class _Statements:
         )
         if flag == _TAKE_FLAG:
             # Held before the scan: a release after the scan sees the flag and notifies.
+            # From here the session waits idle between scans, up to the recheck interval:
+            # a role's idle_session_timeout would end it (and the wait), so it is lifted,
+            # as statement_timeout is for lock waits. A grant sets it to the lease's ttl
+            # (the select list is evaluated after this CTE); RESET when the connection
+            # goes back to the pool.
+            lift = f", set_config('{_IDLE}', '0', false)" if self.has_idle_timeout else ""
             ctes = (
-                f"limited AS (SELECT {lock_timeout_sql('$7', unless_set=False)}), "
+                f"limited AS (SELECT {lock_timeout_sql('$7', unless_set=False)}{lift}), "
                 f"flagged AS (SELECT pg_advisory_lock_shared(${flag_param}::bigint) "
                 "FROM limited), "
             )
