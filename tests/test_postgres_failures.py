@@ -519,6 +519,32 @@ class TestIdentities:
             assert info.owner == identity
             assert info.expires_in > 1000
 
+    async def test_inspect_finds_an_identity_stored_under_another_schema(
+        self, asynclock_postgres_dsn: str, admin: asyncpg.Connection, namespace: str
+    ) -> None:
+        """The holder's coordinator uses another ``schema`` (its identity table is
+        there): inspect() and leader() still name it whole (they showed its digest, and
+        observe() reported a change of leader that did not happen)."""
+        schema = f"s_{namespace}"
+        identity = f"{LONG}-{namespace}"  # stored by no other test
+        await admin.execute(f'CREATE SCHEMA "{schema}"')
+        options = {"namespace": namespace}
+        try:
+            async with (
+                asynclock.connect(
+                    asynclock_postgres_dsn, schema=schema, identity=identity, **options
+                ) as a,
+                asynclock.connect(asynclock_postgres_dsn, **options) as b,
+            ):
+                async with a.lock("who", ttl=20):
+                    info = await b.inspect("who")
+                    assert info is not None
+                    assert info.owner == identity
+                async with a.election("chief", ttl=20, identity=identity).leadership():
+                    assert await b.election("chief", ttl=20).leader() == identity
+        finally:
+            await admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
     async def test_the_default_identity_on_a_long_host_name(
         self, asynclock_postgres_dsn: str, namespace: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:

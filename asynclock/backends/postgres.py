@@ -1247,20 +1247,38 @@ class PostgresBackend(Backend):
         return best
 
     async def _identified(self, conn: Any, info: LockInfo) -> LockInfo:
-        """``info`` with the identity its digest stands for (see :func:`_inline`); as it
-        is if the table or the row is missing, or the digest is too short to name one."""
+        """``info`` with the identity its digest stands for (see :func:`_inline`).
+
+        Looked up in this backend's identity table, else in the identity table of every
+        other schema the role may read: the holder's coordinator may use another
+        ``schema``. ``info`` as it is if no table has the row (it was deleted), the start
+        of the digest names two identities, or it is too short to name one.
+        """
         shown = info.owner[len(_DIGEST_MARK) :]
         if len(shown) < _MIN_DIGEST_CHARS:
             return info
+        within = self._request_timeout
+        lookup = "SELECT identity FROM {} WHERE left(digest, $2) = $1"
         try:
             rows = await conn.fetch(
-                f"SELECT identity FROM {self._identities} WHERE left(digest, $2) = $1 LIMIT 2",
-                shown,
-                len(shown),
-                timeout=self._request_timeout,
+                f"{lookup.format(self._identities)} LIMIT 2", shown, len(shown), timeout=within
             )
         except asyncpg.exceptions.UndefinedTableError:
-            return info
+            rows = []
+        if not rows:
+            tables = await conn.fetch(
+                _IDENTITY_TABLES, IDENTITY_TABLE, self._schema, timeout=within
+            )
+            if tables:
+                # UNION: one identity stored under several schemas is one row.
+                union = " UNION ".join(
+                    lookup.format(f"{quote_ident(row['schema'])}.{quote_ident(IDENTITY_TABLE)}")
+                    for row in tables
+                )
+                try:
+                    rows = await conn.fetch(f"{union} LIMIT 2", shown, len(shown), timeout=within)
+                except asyncpg.PostgresError:
+                    return info  # a table of that name that is not ours
         if len(rows) != 1:
             return info
         return LockInfo(info.name, rows[0]["identity"], info.expires_in, info.fence)
@@ -1844,6 +1862,15 @@ _FENCE_DIGITS = 19
 _DIGEST_MARK = "#"
 _DIGEST_CHARS = 32
 _MIN_DIGEST_CHARS = 16
+# The identity tables of other schemas that the role may read ($1 the table's name, $2 the
+# backend's own schema), for holders whose coordinators use another schema.
+_IDENTITY_TABLES = (
+    "SELECT n.nspname AS schema FROM pg_class AS c "
+    "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+    "WHERE c.relname = $1 AND c.relkind IN ('r', 'p') AND n.nspname <> $2 "
+    "AND has_schema_privilege(n.oid, 'USAGE') AND has_table_privilege(c.oid, 'SELECT') "
+    "ORDER BY n.nspname"
+)
 
 
 def _inline(identity: str, ttl_ms: int) -> bool:
