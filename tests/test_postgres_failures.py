@@ -337,7 +337,7 @@ class TestRoleTimeouts:
         call): a wait in the queue longer than that is not ended by it (it was, with
         BackendError); the wait's own timeout rules."""
         pool = await asyncpg.create_pool(
-            asynclock_postgres_dsn, min_size=1, max_size=4, command_timeout=0.3
+            asynclock_postgres_dsn, min_size=1, max_size=4, command_timeout=0.2
         )
         try:
             async with (
@@ -349,7 +349,7 @@ class TestRoleTimeouts:
                 waiter = asyncio.create_task(coord.lock("long-wait", ttl=30).acquire())
                 await wait_for_rows(admin, 2, key)
                 # Longer than the pool's command_timeout (a lower bound: load only adds).
-                await asyncio.sleep(0.8)
+                await asyncio.sleep(0.6)
                 assert not waiter.done()
                 await holder.release()
                 lease = await asyncio.wait_for(waiter, 10)
@@ -367,7 +367,7 @@ class TestRoleTimeouts:
         """ALTER ROLE ... SET idle_session_timeout: a semaphore waiter's session, idle
         between its scans for longer than that, is not ended by it (it was: BackendError);
         the permit is granted when it comes free."""
-        dsn = await role_dsn(idle_session_timeout="500ms")
+        dsn = await role_dsn(idle_session_timeout="300ms")
         async with (
             asynclock.connect(
                 asynclock_postgres_dsn, namespace=namespace, fence_sequence=sequence
@@ -378,7 +378,7 @@ class TestRoleTimeouts:
             waiting = coord.semaphore("few", 1, ttl=30, timeout=10, retry=Backoff(maximum=5.0))
             waiter = asyncio.create_task(waiting.acquire())
             # Longer than the role's idle_session_timeout (a lower bound: load only adds).
-            await asyncio.sleep(1.2)
+            await asyncio.sleep(0.8)
             assert not waiter.done()
             await holder.release()
             permit = await asyncio.wait_for(waiter, 10)
@@ -692,7 +692,7 @@ class TestSilentServerAtRelease:
         loop = asyncio.get_running_loop()
         async with FaultProxy.from_url(asynclock_postgres_dsn) as proxy:
             url = proxy.url_for(asynclock_postgres_dsn)
-            async with asynclock.connect(url, namespace=namespace) as coord:
+            async with asynclock.connect(url, namespace=namespace, request_timeout=1) as coord:
                 with pytest.raises(BackendError, match="release not answered"):
                     async with asyncio.timeout(30), coord.lock("x", ttl=60):
                         proxy.blackhole()

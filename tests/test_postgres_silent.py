@@ -169,7 +169,7 @@ class TestCancelStaysCancel:
         self, server: PostgresServer, namespace: str, admin: asyncpg.Connection
     ) -> None:
         """A coordinator on the application's pool, first used while the server is
-        frozen: lock(timeout=0.5) ends with LockTimeout by its deadline (it ended with
+        frozen: lock(timeout=0.2) ends with LockTimeout by its deadline (it ended with
         BackendError after the deadline and a pool_timeout)."""
         pool = await asyncpg.create_pool(server.url, min_size=2, max_size=4)
         try:
@@ -178,7 +178,7 @@ class TestCancelStaysCancel:
                 loop = asyncio.get_running_loop()
                 with frozen(server):
                     began = loop.time()
-                    error = await ending(coord.lock("x", ttl=10, timeout=0.5).acquire())
+                    error = await ending(coord.lock("x", ttl=10, timeout=0.2).acquire())
                     assert isinstance(error, LockTimeout)
                     # The deadline, and the slack a server-side wait has to report its own
                     # (0.5 s), with room for a loaded machine.
