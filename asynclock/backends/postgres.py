@@ -715,6 +715,7 @@ class PostgresBackend(Backend):
         self._relays: dict[str, _Relay] = {}
         self._listen_conn: Any = None
         self._listen_lock: asyncio.Lock | None = None
+        self._relistening = False
         # Connections on their way back to the pool after a cancelled give-back.
         self._background = TaskSet("PostgreSQL")
         self._idle_default = "0"
@@ -1472,10 +1473,19 @@ class PostgresBackend(Backend):
         for mailboxes in self._listeners.values():
             for mailbox in mailboxes:
                 mailbox.put("")
-        if self._listeners and not self._closing:
+        # One relistening task at a time: its own failures (a LISTEN unanswered closes
+        # the connection, which lands here again) are retried by its loop.
+        if self._listeners and not self._closing and not self._relistening:
+            self._relistening = True
             self._background.spawn(self._relisten(), name="asynclock-pg-relisten")
 
     async def _relisten(self) -> None:
+        try:
+            await self._listen_again()
+        finally:
+            self._relistening = False
+
+    async def _listen_again(self) -> None:
         backoff = Backoff(initial=0.05, maximum=2.0)
         for attempt in range(1_000_000):
             if self._closing or not self._listeners:
