@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import math
 import time
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, overload
 
 import asyncpg
@@ -243,13 +244,27 @@ def identity_table_sql(schema: str) -> str:
     )
 
 
-async def ensure_identity_table(conn: asyncpg.Connection[Any], schema: str) -> None:
-    """Create the identity table if it does not exist; a clear error if we may not."""
+def _own_transaction(conn: asyncpg.Connection[Any]) -> AbstractAsyncContextManager[object]:
+    """A savepoint if a transaction is open (a failure must not abort the caller's
+    transaction), else nothing: each statement is a transaction of its own. No statement
+    of ours to BEGIN and COMMIT, which asyncpg sends without a timeout."""
+    if conn.is_in_transaction():
+        savepoint: AbstractAsyncContextManager[object] = conn.transaction()
+        return savepoint
+    return contextlib.nullcontext()
+
+
+async def ensure_identity_table(
+    conn: asyncpg.Connection[Any], schema: str, *, timeout: float | None = None
+) -> None:
+    """Create the identity table if it does not exist; a clear error if we may not.
+
+    ``timeout`` bounds each statement (asyncpg's ``timeout``: ``TimeoutError``)."""
     sql = identity_table_sql(schema)
     qualified = f"{quote_ident(schema)}.{quote_ident(IDENTITY_TABLE)}"
     try:
-        async with conn.transaction():
-            await conn.execute(sql)
+        async with _own_transaction(conn):
+            await conn.execute(sql, timeout=timeout)
     except asyncpg.exceptions.InsufficientPrivilegeError as exc:
         raise BackendError(
             f"the role may not create the table {qualified} ({exc}), which keeps holder "
@@ -432,21 +447,24 @@ async def _xact_fence(
     return fence
 
 
-async def ensure_fence_sequence(conn: asyncpg.Connection[Any], schema: str, sequence: str) -> None:
-    """Create the fence sequence if it does not exist; a clear error if we may not."""
+async def ensure_fence_sequence(
+    conn: asyncpg.Connection[Any], schema: str, sequence: str, *, timeout: float | None = None
+) -> None:
+    """Create the fence sequence if it does not exist; a clear error if we may not.
+
+    ``timeout`` bounds each statement (asyncpg's ``timeout``: ``TimeoutError``)."""
     qualified = f"{quote_ident(schema)}.{quote_ident(sequence)}"
     sql = fence_sequence_sql(schema, sequence)
     try:
-        # In a transaction of its own (a savepoint if one is open): a failure must not
-        # abort the caller's transaction.
-        async with conn.transaction():
+        async with _own_transaction(conn):
             found = await conn.fetchrow(
                 "SELECT seqcache, seqincrement, seqcycle FROM pg_sequence"
                 " WHERE seqrelid = to_regclass($1)",
                 qualified,
+                timeout=timeout,
             )
             if found is None:
-                await conn.execute(sql)
+                await conn.execute(sql, timeout=timeout)
                 return
     except asyncpg.exceptions.InsufficientPrivilegeError as exc:
         raise BackendError(

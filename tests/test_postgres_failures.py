@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 import asynclock
-from asynclock import BackendError, Election, LockTimeout
+from asynclock import BackendError, Backoff, Election, LockTimeout
 from asynclock.backends import PostgresBackend
 from asynclock.backends.base import Attempt, Claim
 from asynclock.testing.proxy import FaultProxy
@@ -330,6 +330,60 @@ class TestRoleTimeouts:
             lease = await asyncio.wait_for(waiter, 10)
             await lease.release()
 
+    async def test_a_pool_command_timeout_does_not_end_a_wait(
+        self, asynclock_postgres_dsn: str, admin: asyncpg.Connection, namespace: str
+    ) -> None:
+        """An application's pool with command_timeout (asyncpg's default bound of every
+        call): a wait in the queue longer than that is not ended by it (it was, with
+        BackendError); the wait's own timeout rules."""
+        pool = await asyncpg.create_pool(
+            asynclock_postgres_dsn, min_size=1, max_size=4, command_timeout=0.2
+        )
+        try:
+            async with (
+                asynclock.connect(asynclock_postgres_dsn, namespace=namespace) as holder_coord,
+                asynclock.Coordinator(PostgresBackend(pool, namespace=namespace)) as coord,
+            ):
+                key = backend_of(coord).key("long-wait")
+                holder = await holder_coord.lock("long-wait", ttl=30).acquire()
+                waiter = asyncio.create_task(coord.lock("long-wait", ttl=30).acquire())
+                await wait_for_rows(admin, 2, key)
+                # Longer than the pool's command_timeout (a lower bound: load only adds).
+                await asyncio.sleep(0.6)
+                assert not waiter.done()
+                await holder.release()
+                lease = await asyncio.wait_for(waiter, 10)
+                await lease.release()
+        finally:
+            await pool.close()
+
+    async def test_a_role_idle_session_timeout_does_not_end_a_permit_wait(
+        self,
+        asynclock_postgres_dsn: str,
+        role_dsn: RoleDsn,
+        namespace: str,
+        sequence: str,
+    ) -> None:
+        """ALTER ROLE ... SET idle_session_timeout: a semaphore waiter's session, idle
+        between its scans for longer than that, is not ended by it (it was: BackendError);
+        the permit is granted when it comes free."""
+        dsn = await role_dsn(idle_session_timeout="300ms")
+        async with (
+            asynclock.connect(
+                asynclock_postgres_dsn, namespace=namespace, fence_sequence=sequence
+            ) as holder_coord,
+            asynclock.connect(dsn, namespace=namespace, fence_sequence=sequence) as coord,
+        ):
+            holder = await holder_coord.semaphore("few", 1, ttl=30).acquire()
+            waiting = coord.semaphore("few", 1, ttl=30, timeout=10, retry=Backoff(maximum=5.0))
+            waiter = asyncio.create_task(waiting.acquire())
+            # Longer than the role's idle_session_timeout (a lower bound: load only adds).
+            await asyncio.sleep(0.8)
+            assert not waiter.done()
+            await holder.release()
+            permit = await asyncio.wait_for(waiter, 10)
+            await permit.release()
+
 
 class TestDsns:
     @pytest.mark.parametrize("password", ["s3cr#tPW", "s3/cr?tPW", "p@ss#w/rd"])
@@ -464,6 +518,32 @@ class TestIdentities:
             assert info is not None
             assert info.owner == identity
             assert info.expires_in > 1000
+
+    async def test_inspect_finds_an_identity_stored_under_another_schema(
+        self, asynclock_postgres_dsn: str, admin: asyncpg.Connection, namespace: str
+    ) -> None:
+        """The holder's coordinator uses another ``schema`` (its identity table is
+        there): inspect() and leader() still name it whole (they showed its digest, and
+        observe() reported a change of leader that did not happen)."""
+        schema = f"s_{namespace}"
+        identity = f"{LONG}-{namespace}"  # stored by no other test
+        await admin.execute(f'CREATE SCHEMA "{schema}"')
+        options = {"namespace": namespace}
+        try:
+            async with (
+                asynclock.connect(
+                    asynclock_postgres_dsn, schema=schema, identity=identity, **options
+                ) as a,
+                asynclock.connect(asynclock_postgres_dsn, **options) as b,
+            ):
+                async with a.lock("who", ttl=20):
+                    info = await b.inspect("who")
+                    assert info is not None
+                    assert info.owner == identity
+                async with a.election("chief", ttl=20, identity=identity).leadership():
+                    assert await b.election("chief", ttl=20).leader() == identity
+        finally:
+            await admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
     async def test_the_default_identity_on_a_long_host_name(
         self, asynclock_postgres_dsn: str, namespace: str, monkeypatch: pytest.MonkeyPatch
@@ -612,7 +692,7 @@ class TestSilentServerAtRelease:
         loop = asyncio.get_running_loop()
         async with FaultProxy.from_url(asynclock_postgres_dsn) as proxy:
             url = proxy.url_for(asynclock_postgres_dsn)
-            async with asynclock.connect(url, namespace=namespace) as coord:
+            async with asynclock.connect(url, namespace=namespace, request_timeout=1) as coord:
                 with pytest.raises(BackendError, match="release not answered"):
                     async with asyncio.timeout(30), coord.lock("x", ttl=60):
                         proxy.blackhole()

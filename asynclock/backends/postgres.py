@@ -29,6 +29,17 @@ dropped before the connection is used again (or it is ended).
 A connection that ends under a held lease (asyncpg's termination listener) loses the
 lease at once (:meth:`Backend.on_hold_lost`).
 
+Every statement has a bound: the request timeout (``request_timeout``), beyond what it
+may wait for a lock on the server (a wait in the queue: its ``lock_timeout``, from the
+caller's deadline, or none; a try's fence step: 1 s). Given explicitly to each statement,
+it also keeps a pool's ``command_timeout`` off our waits. A statement not answered in
+time has its connection terminated: that is the only bound on a silent server, and the
+session's locks end with it (a lease on it is lost). A short statement (setup,
+``inspect``, ``publish``) interrupted by a cancel has its connection terminated too:
+returning it to the pool would wait for the server to confirm the cancel. ``aclose()``
+is bounded as a whole, and ends our sessions on the server (``pg_terminate_backend``)
+rather than leave a waiting one to notice its closed socket at its next client check.
+
 A waiting acquire first tries (``pg_try_advisory_lock``), and that statement also sets
 ``client_connection_check_interval`` (1 s) for the session, and lifts the session's
 ``statement_timeout`` and ``transaction_timeout`` (PostgreSQL >= 17), which would end a
@@ -73,16 +84,17 @@ import logging
 import math
 import random
 import re
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Protocol
+from types import TracebackType
+from typing import Any, Literal, Protocol
 from urllib.parse import quote, unquote, urlsplit
 
 import asyncpg
 
 from .._backoff import Backoff
 from .._clock import Clock
-from .._errors import BackendError, map_backend_errors
+from .._errors import BackendError, LockError, map_backend_errors
 from .._tasks import TaskSet
 from .._validate import check_name, check_number
 from .._wakeup import Mailbox, WakeHub, WakeSlot
@@ -123,6 +135,56 @@ _SESSION_GONE = (
     asyncpg.exceptions.IdleSessionTimeoutError,
     OSError,
 )
+
+
+def _gone(exc: BaseException) -> bool:
+    """Whether ``exc`` says the session ended under the statement (the server closed it,
+    the network failed), as opposed to a statement that went unanswered (TimeoutError, an
+    OSError too), whose session may live on until its connection is closed."""
+    return isinstance(exc, _SESSION_GONE) and not isinstance(exc, TimeoutError)
+
+
+def _answered(exc: BaseException, conn: Any) -> bool:
+    """Whether the connection ``exc`` came out of is ready for the next statement: the
+    server answered with an error (or our code raised after an answer), nothing is still
+    on its way, no transaction is open. Anything else (cancelled, timed out, broken)
+    leaves it in a state only closing it ends without waiting on the server."""
+    if not isinstance(exc, asyncpg.PostgresError | LockError):
+        return False
+    try:
+        return not conn.is_closed() and not conn.is_in_transaction()
+    except Exception:  # a proxy already given back
+        return False
+
+
+class _MapErrors(map_backend_errors):
+    """:class:`map_backend_errors`, with a message that says so when a statement went
+    unanswered for the request timeout (the driver's TimeoutError says nothing)."""
+
+    __slots__ = ("_timeout",)
+
+    def __init__(self, where: str, timeout: float) -> None:
+        super().__init__(where, _DRIVER_ERRORS)
+        self._timeout = timeout
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        if isinstance(exc, TimeoutError) and not isinstance(exc, LockError):
+            raise _unanswered(self._where, self._timeout) from exc
+        return super().__exit__(exc_type, exc, tb)
+
+
+def _unanswered(where: str, timeout: float) -> BackendError:
+    return BackendError(
+        f"{where}: no answer within the request timeout ({timeout:g} s); the connection "
+        "was closed, and what its session held ends with it"
+    )
+
+
 _APP_PREFIX = "asynclock:"
 # The largest lock_timeout PostgreSQL accepts (INT_MAX milliseconds).
 _MAX_TIMEOUT_MS = 2**31 - 1
@@ -149,9 +211,19 @@ _CHECK_INTERVAL_MS = 1000
 # (back-to-back leases skip the pool's checkout): then it goes back to the pool, where
 # others may be queued.
 _KEEP_IDLE = 1.0
-# How long a release waits for the server (its session's lock included: a renewal may be
-# stuck on it) before it ends the session instead; as Redis's default socket timeout.
-_RELEASE_TIMEOUT = 5.0
+# The default request_timeout: how long a statement may go unanswered (beyond what it may
+# wait in the server's lock queue) before its connection is closed; as Redis's default
+# socket timeout.
+_REQUEST_TIMEOUT = 5.0
+# asyncpg reads timeout=None as the connection's command_timeout (an application's pool
+# may set one): a statement allowed to wait in the server's queue without bound gets this
+# instead (about 317 years).
+_NO_BOUND = 1e10
+# How long aclose() takes at most, in all (each statement on its way also within the
+# request timeout): as the Redis backend's.
+_CLOSE_TIMEOUT = 5.0
+# How long aclose() lets the server take to end sessions it was asked to end.
+_EXIT_WAIT_MS = 1000
 # Lock acquire statements: try once; try before a wait; wait in the queue.
 _TRY, _TRY_BEFORE_WAIT, _WAIT = "try", "try-before-wait", "wait"
 # Permit scans: not waiting; the first scan of a wait (takes the waiting flag); later
@@ -421,6 +493,14 @@ class _Statements:
             "AND l.classid = $1 AND l.objid = $2 "
             "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         )
+        # aclose(): sessions of ours the server still has (a waiter in the lock queue reads
+        # its socket only at its next client check) are ended, and (PostgreSQL >= 14)
+        # waited for until they are gone. $1 their pids, $2 how long to wait for each.
+        wait = ", $2::bigint" if self.has_idle_timeout else ""
+        self.end_sessions = (
+            f"SELECT count(*) FILTER (WHERE pg_terminate_backend(pid{wait})) "
+            "FROM unnest($1::int[]) AS pid"
+        )
 
     def _granted_row(self, tail: int, first: int, *, configure: bool, extra: str = "") -> str:
         """The select list of a grant (from ``granted``, a :func:`fence_select`): fence,
@@ -507,8 +587,14 @@ class _Statements:
         )
         if flag == _TAKE_FLAG:
             # Held before the scan: a release after the scan sees the flag and notifies.
+            # From here the session waits idle between scans, up to the recheck interval:
+            # a role's idle_session_timeout would end it (and the wait), so it is lifted,
+            # as statement_timeout is for lock waits. A grant sets it to the lease's ttl
+            # (the select list is evaluated after this CTE); RESET when the connection
+            # goes back to the pool.
+            lift = f", set_config('{_IDLE}', '0', false)" if self.has_idle_timeout else ""
             ctes = (
-                f"limited AS (SELECT {lock_timeout_sql('$7', unless_set=False)}), "
+                f"limited AS (SELECT {lock_timeout_sql('$7', unless_set=False)}{lift}), "
                 f"flagged AS (SELECT pg_advisory_lock_shared(${flag_param}::bigint) "
                 "FROM limited), "
             )
@@ -554,6 +640,11 @@ class PostgresBackend(Backend):
     ``inspect()``, ``publish()`` and LISTEN use a kept connection if there is one, else
     wait at most ``pool_timeout`` seconds for the pool, then raise ``BackendError``.
 
+    ``request_timeout`` (seconds, default 5) bounds every statement beyond what it may
+    wait for a lock on the server: one not answered in time has its connection closed
+    (and with its session whatever it held: a lease on it is lost) and raises
+    ``BackendError``. ``aclose()`` takes at most about 5 s.
+
     Holder identities that ``application_name`` cannot keep whole (too long, or not
     printable ASCII) are stored in the table ``schema.asynclock_identities`` (created on
     first need; see :data:`asynclock.postgres.IDENTITY_TABLE`).
@@ -582,6 +673,7 @@ class PostgresBackend(Backend):
         drift_factor: float = 0.01,
         drift_base: float = 0.002,
         pool_timeout: float = 10.0,
+        request_timeout: float = _REQUEST_TIMEOUT,
     ) -> None:
         super().__init__(clock=clock, drift_factor=drift_factor, drift_base=drift_base)
         if not isinstance(pool, asyncpg.Pool):
@@ -591,6 +683,7 @@ class PostgresBackend(Backend):
         quote_ident(fence_sequence)
         self._pool = pool
         self._pool_timeout = check_number("pool_timeout", pool_timeout, positive=True)
+        self._request_timeout = check_number("request_timeout", request_timeout, positive=True)
         self._namespace = namespace
         self._key_prefix = namespace.encode() + b"\x00"
         self._schema = schema
@@ -606,7 +699,7 @@ class PostgresBackend(Backend):
         args = getattr(pool, "_connect_args", ())
         dsn = args[0] if args and isinstance(args[0], str) else ""
         self._where = f"PostgreSQL {_describe_dsn(dsn)}" if dsn else "PostgreSQL pool"
-        self._errors = map_backend_errors(self._where, _DRIVER_ERRORS)
+        self._errors = _MapErrors(self._where, self._request_timeout)
         self._sql: _Statements | None = None
         self._setup_lock: asyncio.Lock | None = None
         self._hub = WakeHub()
@@ -622,6 +715,7 @@ class PostgresBackend(Backend):
         self._relays: dict[str, _Relay] = {}
         self._listen_conn: Any = None
         self._listen_lock: asyncio.Lock | None = None
+        self._relistening = False
         # Connections on their way back to the pool after a cancelled give-back.
         self._background = TaskSet("PostgreSQL")
         self._idle_default = "0"
@@ -631,9 +725,13 @@ class PostgresBackend(Backend):
     def from_dsn(cls, dsn: str, *, max_connections: int = 32, **options: Any) -> PostgresBackend:
         """A backend on a pool of its own (created on first use, closed by ``aclose()``).
 
-        ``options`` not meant for :class:`PostgresBackend` go to ``asyncpg.create_pool``.
+        ``options`` not meant for :class:`PostgresBackend` go to ``asyncpg.create_pool``;
+        its connect ``timeout`` defaults to ``request_timeout``.
         """
         own = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
+        # A new connection to a server that does not answer is given up on as a statement
+        # is (asyncpg's own connect timeout is 60 s).
+        options.setdefault("timeout", own.get("request_timeout", _REQUEST_TIMEOUT))
         dsn = _usable_dsn(dsn)
 
         def make_pool(loop: asyncio.AbstractEventLoop | None = None) -> asyncpg.Pool[Any]:
@@ -676,17 +774,21 @@ class PostgresBackend(Backend):
                     self._pool_started = True
                 async with self._borrowed() as conn:
                     version = conn.get_server_version()
-                    await ensure_fence_sequence(conn, self._schema, self._sequence_name)
+                    within = self._request_timeout
+                    await ensure_fence_sequence(
+                        conn, self._schema, self._sequence_name, timeout=within
+                    )
                     # Behind a transaction-pooling proxy (PgBouncer pool_mode=transaction)
                     # consecutive statements may run on different server sessions, and a
                     # session lock is stranded on whichever took it.
-                    first = await conn.fetchval("SELECT pg_backend_pid()")
-                    second = await conn.fetchval("SELECT pg_backend_pid()")
+                    first = await conn.fetchval("SELECT pg_backend_pid()", timeout=within)
+                    second = await conn.fetchval("SELECT pg_backend_pid()", timeout=within)
                     if version.major >= 14:
                         # What a connection has when no lease uses it (role or database
                         # defaults included): what a release sets back.
                         self._idle_default = await conn.fetchval(
-                            f"SELECT reset_val FROM pg_settings WHERE name = '{_IDLE}'"
+                            f"SELECT reset_val FROM pg_settings WHERE name = '{_IDLE}'",
+                            timeout=within,
                         )
             if first != second:
                 raise BackendError(
@@ -709,6 +811,8 @@ class PostgresBackend(Backend):
     # -- the Backend interface -------------------------------------------------------
 
     async def try_acquire(self, claim: Claim, ttl: float, *, wait: float | None = 0.0) -> Attempt:
+        if self._closing:
+            raise BackendError(f"{self._where}: the backend was closed")
         clock = self.clock
         began = clock.now()
         sql = self._sql or await self._statements()
@@ -765,13 +869,14 @@ class PostgresBackend(Backend):
             # Try first: the statement that waits in the server's queue costs more (its
             # lock and check timeouts), so it is sent only when the lock is held.
             mode = _TRY if wait == 0 else _TRY_BEFORE_WAIT
-            args = self._acquire_args(
+            args, within = self._acquire_args(
                 sql, session, claim.value, configure=configure, mode=mode, wait=wait, began=began
             )
             try:
-                row = await conn.raw.fetchrow(sql.acquire[configure, mode, claim.shared], *args)
+                statement = sql.acquire[configure, mode, claim.shared]
+                row = await conn.raw.fetchrow(statement, *args, timeout=within)
                 if row is None and wait != 0:
-                    args = self._acquire_args(
+                    args, within = self._acquire_args(
                         sql,
                         session,
                         claim.value,
@@ -781,7 +886,7 @@ class PostgresBackend(Backend):
                         began=began,
                     )
                     statement = sql.acquire[configure, _WAIT, claim.shared]
-                    row = await conn.raw.fetchrow(statement, *args)
+                    row = await conn.raw.fetchrow(statement, *args, timeout=within)
             except asyncpg.exceptions.LockNotAvailableError:
                 # lock_timeout ended the statement: in the queue (nothing taken), or in the
                 # fence step *after* the grant (its fence key, or nextval() behind a
@@ -793,11 +898,13 @@ class PostgresBackend(Backend):
                     return None  # the session was ended instead: its locks went with it
                 row = None
             except _DRIVER_ERRORS as exc:
+                # Unanswered in time (TimeoutError): the connection is closed, and the lock
+                # with its session if it was granted after all.
                 claim.handle = None
-                await self._end_session(session)
-                if isinstance(exc, _SESSION_GONE) and prefer_kept and conn.configured:
+                self._end_session(session)
+                if _gone(exc) and prefer_kept and conn.configured and not self._closing:
                     continue
-                raise BackendError(f"{self._where}: {exc}") from exc
+                raise self._failed(exc) from exc
             # A cancellation propagates with the session still on the claim: the caller's
             # clean-up releases it (the lock may have been granted just before the cancel).
             if row is None:  # timed out in the queue, or tried once and it is held
@@ -849,13 +956,13 @@ class PostgresBackend(Backend):
         async with session.lock:
             if session.flagged and not session.ended():
                 try:
-                    await session.conn.raw.fetchval(sql.unflag)
+                    await session.conn.raw.fetchval(sql.unflag, timeout=self._request_timeout)
                 except _DRIVER_ERRORS as exc:
                     claim.handle = None
-                    await self._end_session(session)
-                    if isinstance(exc, _SESSION_GONE):
+                    self._end_session(session)
+                    if _gone(exc):
                         return None
-                    raise BackendError(f"{self._where}: {exc}") from exc
+                    raise self._failed(exc) from exc
                 session.flagged = False
             claim.handle = None
             if not session.ended():
@@ -883,7 +990,8 @@ class PostgresBackend(Backend):
                     sql, session, claim, flag=_NO_FLAG, sent=began, deadline=None
                 )
             except BackendError as exc:
-                if isinstance(exc.__cause__, _SESSION_GONE) and prefer_kept and conn.configured:
+                cause = exc.__cause__
+                if cause and _gone(cause) and prefer_kept and conn.configured and not self._closing:
                     continue
                 raise
             return session, row
@@ -930,7 +1038,9 @@ class PostgresBackend(Backend):
         if flag != _NO_FLAG:
             args.append(permit.flag)
         try:
-            row = await conn.raw.fetchrow(sql.scan[configure, flag], *args)
+            row = await conn.raw.fetchrow(
+                sql.scan[configure, flag], *args, timeout=self._within(bound)
+            )
         except asyncpg.exceptions.LockNotAvailableError:
             # The flag was not had in time (nothing taken), or the fence step (its fence
             # key, or nextval()) ran out of lock_timeout after a slot was taken (a permit
@@ -946,8 +1056,8 @@ class PostgresBackend(Backend):
             return None
         except _DRIVER_ERRORS as exc:
             session.flagged = False
-            await self._end_session(session)
-            raise BackendError(f"{self._where}: {exc}") from exc
+            self._end_session(session)
+            raise self._failed(exc) from exc
         if flag == _TAKE_FLAG and row is None:
             session.flagged = True
         return row
@@ -974,8 +1084,9 @@ class PostgresBackend(Backend):
         mode: str,
         wait: float | None,
         began: float,
-    ) -> list[object]:
-        """The parameters of an acquire statement (see :class:`_Statements`)."""
+    ) -> tuple[list[object], float]:
+        """The parameters of an acquire statement (see :class:`_Statements`), and how long
+        to wait for its answer."""
         if mode == _TRY:
             bound = str(TRY_FENCE_WAIT_MS)
         else:
@@ -987,7 +1098,21 @@ class PostgresBackend(Backend):
             else:
                 bound = str(max(1, math.ceil(left * 1000)))
         tail, settings = _session_args(sql, session, value, configure)
-        return [session.key, tail, *fence_ids(session.key), bound, *settings]
+        args: list[object] = [session.key, tail, *fence_ids(session.key), bound, *settings]
+        return args, self._within(bound)
+
+    def _within(self, lock_timeout_ms: str) -> float:
+        """How long to wait for the answer to a statement that may wait this long (a
+        ``lock_timeout`` in ms; "0": no limit) for a lock on the server."""
+        if lock_timeout_ms == "0":
+            return _NO_BOUND
+        return int(lock_timeout_ms) / 1000 + self._request_timeout
+
+    def _failed(self, exc: BaseException) -> BackendError:
+        """The BackendError for a driver error ``exc`` (chain it)."""
+        if isinstance(exc, TimeoutError):
+            return _unanswered(self._where, self._request_timeout)
+        return BackendError(f"{self._where}: {exc}")
 
     async def extend(self, claim: Claim, ttl: float) -> bool:
         session = claim.handle
@@ -1012,13 +1137,22 @@ class PostgresBackend(Backend):
                 if sql.has_idle_timeout:
                     args.append(str(ttl_ms))
             try:
-                pid = await session.conn.raw.fetchval(statement, *args)
+                pid = await session.conn.raw.fetchval(
+                    statement, *args, timeout=self._request_timeout
+                )
             except BaseException as exc:
                 # The statement may or may not have set the new TTL: make the next one set
                 # it again (0 is no TTL's value) rather than trust either.
                 session.ttl_ms = 0
-                if isinstance(exc, _SESSION_GONE):
-                    await self._end_session(session)
+                if isinstance(exc, TimeoutError):
+                    # Unanswered: the request ends here, and so does the session (closing
+                    # the connection is the only bound on it). Its lock goes with it, so
+                    # the lease is lost: nothing can confirm it any more.
+                    self._end_session(session)
+                    self._hold_ended(claim)
+                    raise self._failed(exc) from exc
+                if _gone(exc):
+                    self._end_session(session)
                     return False
                 if isinstance(exc, asyncpg.PostgresError):
                     raise BackendError(f"{self._where}: {exc}") from exc
@@ -1040,18 +1174,19 @@ class PostgresBackend(Backend):
         session = claim.handle
         if not isinstance(session, _Session):
             return False
+        within = self._request_timeout
         try:
-            async with asyncio.timeout(_RELEASE_TIMEOUT):
+            async with asyncio.timeout(within):
                 return await self._release(session)
         except TimeoutError:
             # No answer: a silent server, or a statement stuck on the session. The unlock
             # may or may not have run; ending the session ends its locks either way (the
             # server frees them as it sees the connection close, at the latest after the
             # session's idle_session_timeout). The caller hears of a failed release.
-            await self._end_session(session)
+            self._end_session(session)
             raise BackendError(
-                f"{self._where}: release not answered within {_RELEASE_TIMEOUT:g} s; its "
-                "session was closed, which gives the lock back"
+                f"{self._where}: release not answered within {within:g} s (the request "
+                "timeout); its session was closed, which gives the lock back"
             ) from None
 
     async def _release(self, session: _Session) -> bool:
@@ -1071,17 +1206,19 @@ class PostgresBackend(Backend):
             if sql.has_idle_timeout:
                 args.append(self._idle_default)
             try:
-                unlocked = await session.conn.raw.fetchval(statement, *args)
+                # Bounded by release() (with the wait for the session's lock); the timeout
+                # here only keeps a pool's command_timeout out.
+                unlocked = await session.conn.raw.fetchval(statement, *args, timeout=_NO_BOUND)
             except asyncio.CancelledError:
                 # The statement may or may not have run; asyncpg cancels it on the server
                 # and the connection stays usable. The caller's clean-up calls again.
                 session.interrupted = True
                 raise
             except _DRIVER_ERRORS as exc:
-                await self._end_session(session)
-                if isinstance(exc, _SESSION_GONE):
+                self._end_session(session)
+                if _gone(exc):
                     return False  # the session, and its lock, were already gone
-                raise BackendError(f"{self._where}: {exc}") from exc
+                raise self._failed(exc) from exc
             # Only this live session could have unlocked its own lock: after an interrupted
             # release, "not held" means the interrupted statement did it.
             session.released = bool(unlocked) or session.interrupted
@@ -1093,7 +1230,7 @@ class PostgresBackend(Backend):
         classid, objid = lock_ids(advisory_key(name, self._namespace))
         with self._errors:
             async with self._borrowed() as conn:
-                rows = await conn.fetch(sql.inspect, classid, objid)
+                rows = await conn.fetch(sql.inspect, classid, objid, timeout=self._request_timeout)
                 best: LockInfo | None = None
                 for row in rows:
                     info = _holder_info(name, row)
@@ -1111,19 +1248,38 @@ class PostgresBackend(Backend):
         return best
 
     async def _identified(self, conn: Any, info: LockInfo) -> LockInfo:
-        """``info`` with the identity its digest stands for (see :func:`_inline`); as it
-        is if the table or the row is missing, or the digest is too short to name one."""
+        """``info`` with the identity its digest stands for (see :func:`_inline`).
+
+        Looked up in this backend's identity table, else in the identity table of every
+        other schema the role may read: the holder's coordinator may use another
+        ``schema``. ``info`` as it is if no table has the row (it was deleted), the start
+        of the digest names two identities, or it is too short to name one.
+        """
         shown = info.owner[len(_DIGEST_MARK) :]
         if len(shown) < _MIN_DIGEST_CHARS:
             return info
+        within = self._request_timeout
+        lookup = "SELECT identity FROM {} WHERE left(digest, $2) = $1"
         try:
             rows = await conn.fetch(
-                f"SELECT identity FROM {self._identities} WHERE left(digest, $2) = $1 LIMIT 2",
-                shown,
-                len(shown),
+                f"{lookup.format(self._identities)} LIMIT 2", shown, len(shown), timeout=within
             )
         except asyncpg.exceptions.UndefinedTableError:
-            return info
+            rows = []
+        if not rows:
+            tables = await conn.fetch(
+                _IDENTITY_TABLES, IDENTITY_TABLE, self._schema, timeout=within
+            )
+            if tables:
+                # UNION: one identity stored under several schemas is one row.
+                union = " UNION ".join(
+                    lookup.format(f"{quote_ident(row['schema'])}.{quote_ident(IDENTITY_TABLE)}")
+                    for row in tables
+                )
+                try:
+                    rows = await conn.fetch(f"{union} LIMIT 2", shown, len(shown), timeout=within)
+                except asyncpg.PostgresError:
+                    return info  # a table of that name that is not ours
         if len(rows) != 1:
             return info
         return LockInfo(info.name, rows[0]["identity"], info.expires_in, info.fence)
@@ -1137,13 +1293,14 @@ class PostgresBackend(Backend):
             f"INSERT INTO {self._identities} (digest, identity) VALUES ($1, $2) "
             "ON CONFLICT (digest) DO NOTHING"
         )
+        within = self._request_timeout
         with self._errors:
             async with self._borrowed() as conn:
                 try:
-                    await conn.execute(insert, _digest(identity), identity)
+                    await conn.execute(insert, _digest(identity), identity, timeout=within)
                 except asyncpg.exceptions.UndefinedTableError:
-                    await ensure_identity_table(conn, self._schema)
-                    await conn.execute(insert, _digest(identity), identity)
+                    await ensure_identity_table(conn, self._schema, timeout=within)
+                    await conn.execute(insert, _digest(identity), identity, timeout=within)
         self._registered.add(identity)
 
     def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
@@ -1170,7 +1327,12 @@ class PostgresBackend(Backend):
         await self._statements()
         with self._errors:
             async with self._borrowed() as conn:
-                await conn.execute("SELECT pg_notify($1, $2)", self._topic_channel(topic), message)
+                await conn.execute(
+                    "SELECT pg_notify($1, $2)",
+                    self._topic_channel(topic),
+                    message,
+                    timeout=self._request_timeout,
+                )
 
     def listen(self, topic: str) -> AbstractAsyncContextManager[Mailbox]:
         return self._listen(topic)
@@ -1211,7 +1373,7 @@ class PostgresBackend(Backend):
                 try:
                     conn = await self._listening()
                     with self._errors:
-                        await conn.add_listener(channel, self._on_notify)
+                        await self._on_listening(conn, conn.add_listener(channel, self._on_notify))
                 except BaseException:
                     del self._listeners[channel]
                     if not self._listeners:  # give the listening connection back
@@ -1247,7 +1409,9 @@ class PostgresBackend(Backend):
                 conn = self._listen_conn
                 if conn is not None and not conn.is_closed():
                     with contextlib.suppress(*_DRIVER_ERRORS):
-                        await conn.remove_listener(channel, self._on_notify)
+                        await self._on_listening(
+                            conn, conn.remove_listener(channel, self._on_notify)
+                        )
                 if not self._listeners:
                     await self._stop_listening()
 
@@ -1260,16 +1424,42 @@ class PostgresBackend(Backend):
             self._listen_conn = conn
         return self._listen_conn
 
-    async def _stop_listening(self) -> None:
+    async def _on_listening(self, conn: Any, step: Awaitable[None]) -> None:
+        """``step`` (a LISTEN or UNLISTEN on the listening connection ``conn``) within the
+        request timeout. Interrupted or unanswered, the connection is closed: listeners
+        then look again and listen on another one (:meth:`_on_listen_lost`)."""
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                await step
+        except BaseException as exc:
+            if not _answered(exc, conn):
+                self._terminate(conn)
+            raise
+
+    async def _stop_listening(
+        self, channels: Iterable[str] = (), within: float | None = None
+    ) -> None:
+        """Give the listening connection back to the pool, after UNLISTEN (of ``channels``
+        first: asyncpg's own record of them, which it warns about on release); closed
+        instead if that is interrupted or not answered within ``within`` (default: the
+        request timeout)."""
         conn, self._listen_conn = self._listen_conn, None
         if conn is None:
             return
-        try:
+        within = self._request_timeout if within is None else within
+        with contextlib.suppress(Exception):
             conn.remove_termination_listener(self._on_listen_lost)
-            await conn.execute("UNLISTEN *")
-            await asyncio.shield(self._pool.release(conn))
-        except Exception:
-            await self._terminate(conn)
+        try:
+            async with asyncio.timeout(within):
+                for channel in channels:
+                    await conn.remove_listener(channel, self._on_notify)
+                await conn.execute("UNLISTEN *")
+        except BaseException as exc:
+            self._terminate(conn)
+            if not isinstance(exc, Exception):
+                raise  # a cancel stays a cancel
+            return
+        await self._give_back(conn, within)
 
     def _on_notify(self, conn: Any, pid: int, channel: str, payload: str) -> None:
         for mailbox in self._listeners.get(channel, ()):
@@ -1283,10 +1473,19 @@ class PostgresBackend(Backend):
         for mailboxes in self._listeners.values():
             for mailbox in mailboxes:
                 mailbox.put("")
-        if self._listeners and not self._closing:
+        # One relistening task at a time: its own failures (a LISTEN unanswered closes
+        # the connection, which lands here again) are retried by its loop.
+        if self._listeners and not self._closing and not self._relistening:
+            self._relistening = True
             self._background.spawn(self._relisten(), name="asynclock-pg-relisten")
 
     async def _relisten(self) -> None:
+        try:
+            await self._listen_again()
+        finally:
+            self._relistening = False
+
+    async def _listen_again(self) -> None:
         backoff = Backoff(initial=0.05, maximum=2.0)
         for attempt in range(1_000_000):
             if self._closing or not self._listeners:
@@ -1296,7 +1495,7 @@ class PostgresBackend(Backend):
                 async with self._listen_lock:
                     conn = await self._listening()
                     for channel in self._listeners:
-                        await conn.add_listener(channel, self._on_notify)
+                        await self._on_listening(conn, conn.add_listener(channel, self._on_notify))
             except (BackendError, *_DRIVER_ERRORS):
                 await asyncio.sleep(backoff.delay(attempt))
                 continue
@@ -1306,25 +1505,65 @@ class PostgresBackend(Backend):
             return
 
     async def aclose(self) -> None:
+        """Close what the backend opened, within about 5 s in all, whatever the server does.
+
+        Sessions still ours (acquires waiting in the server's queue, leases not released
+        in time) are ended on the server and their connections closed; connections kept
+        between leases and the listening one go back to the pool reset (closed instead
+        if the server does not answer in time); a pool of our own is closed.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _CLOSE_TIMEOUT
+
+        def left() -> float:
+            return max(0.0, min(self._request_timeout, deadline - loop.time()))
+
         self._closing = True
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        # Whatever still waits in the server's queue (or was not released in time) ends
-        # with its session.
-        for session in list(self._sessions):
-            await self._end_session(session)
+        sessions = list(self._sessions)
+        for session in sessions:
+            self._let_go(session)
+        await self._end_server_sessions(sessions, left())
+        for session in sessions:
+            self._end_session(session)
         idle, self._idle = self._idle, []
-        for conn in idle:
-            await self._to_pool(conn)
+        channels = list(self._listeners)
         self._listeners.clear()
-        await self._stop_listening()
-        await self._background.close(5.0)
+        within = left()
+        await asyncio.gather(
+            *(self._to_pool(conn, within) for conn in idle),
+            self._stop_listening(channels, within),
+        )
+        await self._background.close(max(0.0, deadline - loop.time()))
         if self._owns_pool and self._pool_started:
             try:
-                await asyncio.wait_for(self._pool.close(), 10)
+                # Each connection says goodbye and waits for the server to hang up.
+                async with asyncio.timeout(left()):
+                    await self._pool.close()
             except TimeoutError:
                 self._pool.terminate()
+
+    async def _end_server_sessions(self, sessions: list[_Session], within: float) -> None:
+        """Have the server end ``sessions`` and wait until they are gone (PostgreSQL >=
+        14), within ``within`` seconds: a session waiting in the lock queue reads its
+        socket only at its next client check (``client_connection_check_interval``, 1 s),
+        so closing our end alone would leave it on the server after ``aclose()``. Best
+        effort: where it cannot be done (no answer, a role that may not end them),
+        closing the connections ends them a moment later."""
+        sql = self._sql
+        pids = [
+            session.conn.raw.get_server_pid()
+            for session in sessions
+            if not session.gone and not session.conn.raw.is_closed()
+        ]
+        if not pids or sql is None or within <= 0:
+            return
+        args: list[object] = [pids, _EXIT_WAIT_MS] if sql.has_idle_timeout else [pids]
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(within), self._borrowed() as conn:
+                await conn.fetchval(sql.end_sessions, *args, timeout=_NO_BOUND)
 
     def describe(self) -> str:
         return f"PostgresBackend {self._where[len('PostgreSQL ') :]} namespace={self._namespace!r}"
@@ -1346,9 +1585,16 @@ class PostgresBackend(Backend):
         publish, LISTEN), within ``pool_timeout``: every held lease (and every acquire
         waiting in the server's queue) pins a connection, and an exhausted pool must not
         hang these calls forever."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         try:
             return await self._pool.acquire(timeout=self._pool_timeout)
-        except TimeoutError:
+        except TimeoutError as exc:
+            if loop.time() - began < self._pool_timeout:
+                # Before our bound: the connect timeout of a new connection.
+                raise BackendError(
+                    f"{self._where}: a new connection was not answered in time"
+                ) from exc
             raise BackendError(
                 f"{self._where}: no free connection in the pool within "
                 f"{self._pool_timeout:g}s (pool size {self._pool.get_max_size()}; "
@@ -1361,16 +1607,21 @@ class PostgresBackend(Backend):
         """A connection for one short statement: one kept idle between leases if there is
         one (it is ours, and counts against the pool's size), else one from the pool
         (:meth:`_pool_acquire`). A kept one goes back to the kept ones unless the
-        statement failed or was interrupted (then to the pool, reset, or terminated)."""
+        statement failed (then to the pool, reset). A statement interrupted (cancelled,
+        unanswered in time) leaves its connection closed at once: giving it back would
+        wait on the server, and a cancel must end the caller as a cancel."""
         while self._idle:
             kept = self._idle.pop()
             if kept.raw.is_closed():
-                self._background.spawn(self._to_pool(kept), name="asynclock-pg-to-pool")
+                self._terminate(kept.proxy)
                 continue
             try:
                 yield kept.raw
-            except BaseException:
-                self._background.spawn(self._to_pool(kept), name="asynclock-pg-to-pool")
+            except BaseException as exc:
+                if _answered(exc, kept.raw):
+                    self._background.spawn(self._to_pool(kept), name="asynclock-pg-to-pool")
+                else:
+                    self._terminate(kept.proxy)
                 raise
             if self._closing:
                 await self._to_pool(kept)
@@ -1380,24 +1631,37 @@ class PostgresBackend(Backend):
         proxy = await self._pool_acquire()
         try:
             yield proxy
-        finally:
-            await asyncio.shield(self._pool.release(proxy))
+        except BaseException as exc:
+            if not _answered(exc, proxy):
+                self._terminate(proxy)
+                raise
+            await self._give_back(proxy)
+            raise
+        await self._give_back(proxy)
 
     async def _checkout(self, wait: float | None, *, prefer_kept: bool) -> _Conn | None:
         """A kept connection, or one from the pool within ``wait`` (None: no bound)."""
+        if self._closing:
+            raise BackendError(f"{self._where}: the backend was closed")
         while prefer_kept and self._idle:
             conn = self._idle.pop()
             if not conn.raw.is_closed():
                 return conn
-            with contextlib.suppress(Exception):
-                await self._pool.release(conn.proxy)
+            self._terminate(conn.proxy)
         pool = self._pool
-        if wait == 0 and pool.get_idle_size() == 0 and pool.get_size() >= pool.get_max_size():
-            return None  # try once: an exhausted pool is as good as a held lock
         try:
-            return _Conn(await pool.acquire(timeout=wait or None))
-        except TimeoutError:
-            return None
+            if wait == 0:
+                if pool.get_idle_size() == 0 and pool.get_size() >= pool.get_max_size():
+                    return None  # try once: an exhausted pool is as good as a held lock
+                # Room for a connection: a new one to a server that does not answer must
+                # not hold the try forever.
+                return _Conn(await self._pool_acquire())
+            try:
+                return _Conn(await pool.acquire(timeout=wait))
+            except TimeoutError as exc:
+                if wait is None:  # no bound of ours: the new connection's connect timeout
+                    raise BackendError(f"{self._where}: no answer to a new connection") from exc
+                return None  # no connection within the caller's timeout
         except _DRIVER_ERRORS as exc:
             raise BackendError(f"{self._where}: {exc}") from exc
 
@@ -1438,20 +1702,30 @@ class PostgresBackend(Backend):
             first = min(conn.idle_since for conn in self._idle)
             self._sweeper = loop.call_later(max(first + _KEEP_IDLE - now, 0.01), self._sweep_idle)
 
-    async def _to_pool(self, conn: _Conn) -> None:
-        """Reset what asynclock may have changed and return the connection to the pool."""
+    async def _to_pool(self, conn: _Conn, within: float | None = None) -> None:
+        """Reset what asynclock may have changed and return the connection to the pool;
+        closed instead if that is interrupted or not answered within ``within`` seconds
+        (default: the request timeout)."""
+        within = self._request_timeout if within is None else within
         try:
-            await conn.raw.execute(self._sql.reset if self._sql is not None else _RESET)
-        except asyncio.CancelledError:
-            # Finish in the background: asyncpg is cancelling the RESET on the server, and
-            # terminating the connection under that cancellation trips asyncpg up.
-            self._background.spawn(self._to_pool(conn), name="asynclock-pg-to-pool")
-            raise
-        except Exception:
-            await self._terminate(conn.proxy)
+            await conn.raw.execute(
+                self._sql.reset if self._sql is not None else _RESET, timeout=within
+            )
+        except BaseException as exc:
+            self._terminate(conn.proxy)
+            if not isinstance(exc, Exception):
+                raise  # a cancel stays a cancel
         else:
-            # Shielded: a cancel here must not leave the connection checked out forever.
-            await asyncio.shield(self._pool.release(conn.proxy))
+            await self._give_back(conn.proxy, within)
+
+    async def _give_back(self, proxy: Any, within: float | None = None) -> None:
+        """Return a connection whose last statement was answered to the pool. The pool
+        resets it on the server (an application's pool: ``RESET ALL`` and more), so that
+        is bounded too: asyncpg closes a connection whose reset is not answered within
+        ``within`` seconds (default: the request timeout)."""
+        within = self._request_timeout if within is None else within
+        with contextlib.suppress(Exception):
+            await self._pool.release(proxy, timeout=within)
 
     def _open_session(
         self,
@@ -1487,10 +1761,7 @@ class PostgresBackend(Backend):
         now, rather than at the lease's next renewal (up to ttl/3 later)."""
         if session.done:
             return  # ended by us, or given back
-        session.done = True
-        self._sessions.discard(session)
-        self._unwatch(session)
-        self._background.spawn(self._end_session(session), name="asynclock-pg-session-died")
+        self._end_session(session)
         self._hold_ended(claim)
 
     async def _unlock_all(self, session: _Session) -> bool:
@@ -1503,29 +1774,34 @@ class PostgresBackend(Backend):
         sql = self._sql
         assert sql is not None
         try:
-            await session.conn.raw.fetchval(sql.unflag)
+            await session.conn.raw.fetchval(sql.unflag, timeout=self._request_timeout)
         except asyncio.CancelledError:
             raise
         except Exception:
-            await self._end_session(session)
+            self._end_session(session)
             return False
         return True
 
-    async def _end_session(self, session: _Session) -> None:
-        """Terminate the connection (its locks end with the session) and free the slot."""
+    def _let_go(self, session: _Session) -> None:
+        """The session is ours no more: its slot is free and its end is no news."""
         session.done = True
         self._sessions.discard(session)
         self._unwatch(session)
+
+    def _end_session(self, session: _Session) -> None:
+        """Close the session's connection at once (its locks end with the session) and
+        free the slot."""
+        self._let_go(session)
         if session.gone:
             return
         session.gone = True
-        await self._terminate(session.conn.proxy)
+        self._terminate(session.conn.proxy)
 
-    async def _terminate(self, proxy: Any) -> None:
+    def _terminate(self, proxy: Any) -> None:
+        """Close a connection without a word to the server (which ends the session as it
+        reads the closed socket); asyncpg frees its pool slot."""
         with contextlib.suppress(Exception):
             proxy.terminate()
-        with contextlib.suppress(Exception):
-            await asyncio.shield(self._pool.release(proxy))
 
 
 _BACKEND_OPTIONS = (
@@ -1536,6 +1812,7 @@ _BACKEND_OPTIONS = (
     "drift_factor",
     "drift_base",
     "pool_timeout",
+    "request_timeout",
 )
 
 
@@ -1595,6 +1872,15 @@ _FENCE_DIGITS = 19
 _DIGEST_MARK = "#"
 _DIGEST_CHARS = 32
 _MIN_DIGEST_CHARS = 16
+# The identity tables of other schemas that the role may read ($1 the table's name, $2 the
+# backend's own schema), for holders whose coordinators use another schema.
+_IDENTITY_TABLES = (
+    "SELECT n.nspname AS schema FROM pg_class AS c "
+    "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+    "WHERE c.relname = $1 AND c.relkind IN ('r', 'p') AND n.nspname <> $2 "
+    "AND has_schema_privilege(n.oid, 'USAGE') AND has_table_privilege(c.oid, 'SELECT') "
+    "ORDER BY n.nspname"
+)
 
 
 def _inline(identity: str, ttl_ms: int) -> bool:
