@@ -316,9 +316,11 @@ class Coordinator:
         The bodies of other tasks' leases are cancelled as on loss (their blocks raise
         :class:`~asynclock.LockLost`); a lease whose own body calls ``aclose()`` is
         released instead, and its block ends without error. The close runs to its end
-        even if the call is cancelled (it is bounded: about 5 s for releases still in
-        flight); a later ``aclose()`` waits for it. Raises ``RuntimeError`` when called
-        from another event loop than the coordinator's.
+        even if the call is cancelled, and a later ``aclose()`` waits for it. It is
+        bounded: about 5 s for acquires and releases still in flight, then the backend's
+        own close (up to its request or socket timeout more, over a server that stopped
+        answering). Raises ``RuntimeError`` when called from another event loop than the
+        coordinator's.
         """
         closing = self._closing
         if closing is None:

@@ -175,7 +175,9 @@ class Lease:
 
         Raises :class:`LockNotOwned` if the lease is no longer held (then it is lost, and
         with ``cancel_on_lost`` the body of ``async with`` is cancelled), ``BackendError``
-        if the server could not be reached (the lease stays held; the watchdog retries).
+        if the server could not be reached (the lease stays held and the watchdog retries,
+        unless the backend had to end the session that held it: PostgreSQL does when the
+        request goes unanswered, and the lease is then lost).
         """
         new_ttl = self.ttl if ttl is None else self._coord._check_validity(check_ttl(ttl))
         self._coord._check_loop()
