@@ -122,6 +122,9 @@ _GIVEUP_PHASES = ("attempt", "wait", "body")
 # of faults that must show an effect (a close would end the leases the fault must make
 # lost), and not in the last seconds of the run.
 _CLOSE_EVERY = (2.0, 6.0)
+# A close begun inside a fault (latency: every request slower) took up to 2.2 s (idle
+# machine, 100 ms latency): this far from the next window that must show an effect.
+_CLOSE_SLOW = 3.0
 # Sentinel and Cluster: how often the parent asks every data node its role (a pause
 # between rounds). A replica that becomes a master when no fault asked for it (the
 # cluster's own failure detector, with cluster-node-timeout 1 s, on a machine too busy to
@@ -1248,8 +1251,19 @@ def _close_plan(sc: Scenario, worker: int) -> list[float]:
     2-6 s, outside the windows of faults that must show an effect (from a second before,
     time for a close to end on a loaded machine, to TTL + 0.5 s after, 4 s more where
     clients find a new master, the stall's own wait, a terminate's later shots) and
-    before the last 1.5 s."""
+    before the last 1.5 s. A close begun during any fault (latency, say) takes longer:
+    it keeps :data:`_CLOSE_SLOW` seconds from the next window (closes of all workers
+    still ending as a terminate fires left it no holder to end)."""
     rng = random.Random()  # noqa: S311 - jitter, not secrets
+
+    def lead(at: float) -> float:
+        slowed = any(
+            f.at <= at <= f.at + f.duration + 0.5
+            and (f.kind not in ("stall", "isolate") or worker % sc.workers in f.targets)
+            for f in sc.faults
+        )
+        return _CLOSE_SLOW if slowed else 1.0
+
     busy = []
     for fault in sc.faults:
         if fault.expect is None:
@@ -1263,11 +1277,11 @@ def _close_plan(sc: Scenario, worker: int) -> list[float]:
             end += 1.0 + sc.ttl * _STALL_TTLS
         if fault.kind == "terminate":
             end += 0.25 * (_TERMINATE_SHOTS - 1)
-        busy.append((fault.at - 1.0, end))
+        busy.append((fault.at, end))
     plan: list[float] = []
     at = rng.uniform(0.5, 2.0)
     while at < sc.duration - 1.5:
-        clash = max((end for start, end in busy if start <= at <= end), default=None)
+        clash = max((end for start, end in busy if start - lead(at) <= at <= end), default=None)
         if clash is None:
             plan.append(round(at, 3))
             at += rng.uniform(*_CLOSE_EVERY)
