@@ -48,6 +48,18 @@ async def collect(observer: AsyncIterator[str | None], into: list[str | None]) -
         into.append(leader)
 
 
+async def frozen_leader(
+    coord: asynclock.Coordinator, election: asynclock.Election, entered: asyncio.Event
+) -> None:
+    """Lead ``election`` and stop renewing (``entered`` is set then), as if the leader's
+    process had frozen."""
+    async with election.leadership() as term:
+        term.lease._renew = False
+        coord._watchdog.reschedule(term.lease, term.lease._valid_until)
+        entered.set()
+        await asyncio.sleep(3600)
+
+
 class TestLeadership:
     async def test_one_leader_and_increasing_terms(self, make_coord: MakeCoord) -> None:
         """Three candidates take turns: one leads at a time, terms grow, leader() knows."""
@@ -212,16 +224,9 @@ class TestOnAManualClock:
         backend = MemoryBackend(clock=clock)
         async with asynclock.Coordinator(backend) as coord:
             election = coord.election("crash", ttl=10, identity="old")
+
             entered = asyncio.Event()
-
-            async def lead() -> None:
-                async with election.leadership() as term:
-                    term.lease._renew = False  # as if its process had frozen
-                    coord._watchdog.reschedule(term.lease, term.lease._valid_until)
-                    entered.set()
-                    await asyncio.sleep(3600)
-
-            leader = asyncio.create_task(lead())
+            leader = asyncio.create_task(frozen_leader(coord, election, entered))
             await entered.wait()
             seen: list[str | None] = []
             observer = asyncio.create_task(collect(coord.election("crash").observe(), seen))
@@ -245,19 +250,12 @@ class TestObserversFollowTheLeader:
         backend = MemoryBackend(clock=clock)
         async with asynclock.Coordinator(backend) as coord:
             election = coord.election("short", ttl=2, identity="leader")
-            entered = asyncio.Event()
-
-            async def lead() -> None:
-                async with election.leadership() as term:
-                    term.lease._renew = False  # as if its process had frozen
-                    coord._watchdog.reschedule(term.lease, term.lease._valid_until)
-                    entered.set()
-                    await asyncio.sleep(3600)
 
             seen: list[str | None] = []
             observer = asyncio.create_task(collect(coord.election("short", ttl=10).observe(), seen))
             await clock.settle()
-            leader = asyncio.create_task(lead())
+            entered = asyncio.Event()
+            leader = asyncio.create_task(frozen_leader(coord, election, entered))
             await entered.wait()
             await clock.settle()
             assert seen == [None, "leader"]
