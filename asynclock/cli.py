@@ -5,6 +5,7 @@
     asynclock bench                      # embedded Valkey x5 + PostgreSQL, every case
     asynclock bench --url redis://host:6379/0 --quick --json out.json
     asynclock inspect invoice:42 --url redis://host:6379/0
+    ASYNCLOCK_URL=redis+sentinel://h1:26379,h2:26379/mymaster asynclock inspect invoice:42
     asynclock demo                       # contended workers and a leader failover, live
 
 Exit codes: 0 success (``inspect``: the lock is held), 1 a server could not be reached
@@ -21,6 +22,7 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -64,7 +66,11 @@ EXIT_USAGE = 2
 EXIT_FREE = 3
 EXIT_INTERRUPTED = 130
 _INSPECT_TIMEOUT = 15.0
-_ALL_SCHEMES = ("memory", *REDIS_SCHEMES, *POSTGRES_SCHEMES)
+# Redis behind Sentinel and Redis Cluster: one URL each, many hosts in it.
+_TOPOLOGY_SCHEMES = ("redis+sentinel", "redis+cluster")
+_ALL_SCHEMES = ("memory", *REDIS_SCHEMES, *_TOPOLOGY_SCHEMES, *POSTGRES_SCHEMES)
+URL_ENV = "ASYNCLOCK_URL"
+"""Environment variable ``inspect`` reads when ``--url`` is not given."""
 
 
 class _Fail(Exception):
@@ -87,7 +93,7 @@ def _target(text: str, what: str) -> str | list[str]:
 def _options(target: str | list[str], prefix: str | None, namespace: str | None) -> dict[str, Any]:
     scheme = "redis" if isinstance(target, list) else target.split("://", 1)[0].lower()
     options: dict[str, Any] = {}
-    if prefix is not None and scheme in REDIS_SCHEMES:
+    if prefix is not None and scheme in (*REDIS_SCHEMES, *_TOPOLOGY_SCHEMES):
         options["prefix"] = prefix
     if namespace is not None and scheme in POSTGRES_SCHEMES:
         options["namespace"] = namespace
@@ -240,7 +246,9 @@ async def _inspect_lock(
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    target = _target(args.url, "--url")
+    if not args.url:
+        raise UsageError(f"inspect needs --url or the {URL_ENV} environment variable")
+    target = _target(args.url, "--url" if args.url_given else URL_ENV)
     options = _options(target, args.prefix, args.namespace)
     try:
         info = asyncio.run(_inspect_lock(args.name, target, options))
@@ -490,14 +498,16 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Print the holder (its coordinator identity), the TTL left and the fence of "
             "lock NAME, or 'free'. Exit code 0 when held, 3 when free (like "
-            "'systemctl is-active'), 1 when the server cannot be reached."
+            f"'systemctl is-active'), 1 when the server cannot be reached. --url defaults "
+            f"to ${URL_ENV}."
         ),
     )
     inspect.add_argument("name", metavar="NAME", help="the lock's name, as given to coord.lock()")
     inspect.add_argument(
         "--url",
-        required=True,
-        help="redis://..., postgresql://..., memory://, or comma-separated Redis URLs (Redlock)",
+        help="redis://..., redis+sentinel://host:port,host:port/service, "
+        "redis+cluster://host:port, postgresql://..., memory://, or comma-separated Redis "
+        f"URLs (Redlock); default ${URL_ENV}",
     )
     inspect.add_argument("--prefix", help="Redis key prefix, if not the default 'asynclock'")
     inspect.add_argument(
@@ -553,6 +563,10 @@ def bench_command(**options: Any) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``asynclock`` command; returns the exit code (see the module docstring)."""
     args = _parser().parse_args(argv)
+    if args.command == "inspect":
+        args.url_given = args.url is not None
+        if args.url is None:
+            args.url = os.environ.get(URL_ENV) or None
     given = [getattr(args, name, None) for name in ("url", "pg", "redlock")]
     return _guarded(lambda: int(args.handler(args)), [u for u in given if u])
 
