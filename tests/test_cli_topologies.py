@@ -1,11 +1,16 @@
-"""``asynclock inspect`` on Redis behind Sentinel and on Redis Cluster, and ASYNCLOCK_URL."""
+"""``asynclock inspect`` on Sentinel and Cluster URLs and ASYNCLOCK_URL; ``asynclock serve``."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
+import redis
 
 import asynclock
 from asynclock.cli import main
@@ -51,3 +56,31 @@ class TestInspectTopologies:
         monkeypatch.delenv("ASYNCLOCK_URL", raising=False)
         assert main(["inspect", "x"]) == EXIT_USAGE
         assert "ASYNCLOCK_URL" in capsys.readouterr().err
+
+
+def test_serve_prints_a_url_and_stops_its_server_on_sigterm() -> None:
+    """asynclock serve prints a working Valkey URL; SIGTERM stops that server, removes its
+    folder and exits 0."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "asynclock", "serve"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            url = proc.stdout.readline().strip()
+            assert url.startswith("redis://127.0.0.1:"), url
+            client = redis.Redis.from_url(url)
+            try:
+                pid = int(client.info("server")["process_id"])
+                folder = Path(str(client.config_get("dir")["dir"]))
+            finally:
+                client.close()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert not Path(f"/proc/{pid}").exists()
+    assert not folder.exists()
