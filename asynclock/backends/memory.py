@@ -282,8 +282,18 @@ class MemoryBackend(Backend):
     def drop(self, name: str) -> bool:
         """Delete ``name``'s lock as if it had expired, without waking anyone.
 
-        For tests that need a holder to lose its lock behind its back (the memory
-        equivalent of ``DEL`` on a Redis key). True if something was held.
+        For tests that simulate a lost lease (the memory equivalent of ``DEL`` on a Redis
+        key): every holder of ``name``, shared ones included, loses it behind its back.
+        Its next renewal (or ``extend()``) is refused, so the lease is lost: with
+        ``cancel_on_lost`` the body is cancelled and the ``async with`` raises
+        ``LockLost``; its ``release()`` raises ``LockNotOwned``. Waiters are not woken;
+        they find the lock free at their next attempt. The name's fence counter stays.
+
+        Args:
+            name: the lock's name, as given to ``coord.lock()``.
+
+        Returns:
+            True if the lock was held, False if it was free.
         """
         table = self._table
         table.exclusive.pop(name, None)

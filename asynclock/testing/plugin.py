@@ -21,13 +21,22 @@ makes these fixtures available to any test suite:
     replica each (``.url`` is ``redis+cluster://...``); parametrize it indirectly with the
     number of replicas per master (``0`` starts faster). Stopped, by PID, when the test ends.
 
+Servers go with the run however it ends short of ``SIGKILL``: once a fixture starts one,
+``SIGTERM`` and ``SIGHUP`` (what CI timeouts and closed terminals send) end the run as
+Ctrl-C does, so fixtures are torn down and every server is stopped (the run then exits
+with pytest's "interrupted" status, 2; a repeated signal is ignored while that happens).
+Servers of a run killed with ``SIGKILL`` are stopped by the next run that starts one.
+
 Importing this module is cheap: it needs only pytest and the standard library.
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 from collections.abc import Iterator
+from types import FrameType
 
 import pytest
 
@@ -45,6 +54,7 @@ from asynclock.testing._servers import (
 from asynclock.testing._topology import ClusterSetup, SentinelSetup
 
 __all__ = (
+    "Terminated",
     "asynclock_cluster",
     "asynclock_postgres_dsn",
     "asynclock_postgres_factory",
@@ -56,6 +66,7 @@ __all__ = (
     "asynclock_sentinel",
     "asynclock_valkey_factory",
     "pytest_sessionfinish",
+    "pytest_unconfigure",
 )
 
 _HELP_VALKEY = (
@@ -79,6 +90,51 @@ def _started(config: pytest.Config) -> list[_Resource]:
     return config.stash.setdefault(_STARTED, [])
 
 
+class Terminated(KeyboardInterrupt):
+    """The run got ``SIGTERM`` or ``SIGHUP`` while it had servers: it stops as on Ctrl-C.
+
+    A ``KeyboardInterrupt``, so pytest tears fixtures down and stops every server before
+    it exits (status 2, interrupted).
+    """
+
+
+# Signals that end a run from outside; SIGINT is already a KeyboardInterrupt.
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+# The handlers this plugin replaced, per config, to put back at unconfigure.
+_REPLACED = pytest.StashKey[dict[signal.Signals, object]]()
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    # Later signals find the first one's shutdown under way: interrupting it would leave
+    # servers behind. Only the main thread runs signal handlers, so this flag is safe.
+    if _terminating.is_set():
+        return
+    _terminating.set()
+    raise Terminated(f"terminated by {signal.Signals(signum).name}")
+
+
+_terminating = threading.Event()
+
+
+def _guard(config: pytest.Config) -> None:
+    """Before a fixture starts a server: make SIGTERM/SIGHUP stop the run as Ctrl-C does.
+
+    Only where nobody else handles them (the default disposition) and from the main
+    thread; an application's own handlers are left alone.
+    """
+    if _REPLACED in config.stash or threading.current_thread() is not threading.main_thread():
+        return
+    replaced: dict[signal.Signals, object] = {}
+    for signum in _TERMINATING:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            replaced[signum] = signal.signal(signum, _terminate)
+    config.stash[_REPLACED] = replaced
+
+
+def _track(config: pytest.Config, resource: _Resource) -> None:
+    _started(config).append(resource)
+
+
 def _stop(config: pytest.Config, resource: _Resource) -> None:
     with contextlib.suppress(ValueError):
         _started(config).remove(resource)
@@ -95,11 +151,12 @@ def asynclock_redis_server(pytestconfig: pytest.Config) -> Iterator[ServerProces
     Shared by every test: do not freeze, kill or restart it (use
     ``asynclock_valkey_factory`` for that), and keep keys apart (unique names).
     """
+    _guard(pytestconfig)
     try:
         server = redis_server()
     except ServerUnavailable as exc:
         pytest.skip(str(exc))
-    _started(pytestconfig).append(server)
+    _track(pytestconfig, server)
     yield server
     _stop(pytestconfig, server)
 
@@ -111,11 +168,12 @@ def asynclock_postgres_server(pytestconfig: pytest.Config) -> Iterator[ServerPro
     Shared by every test: do not freeze, kill or restart it (use
     ``asynclock_postgres_factory`` for that).
     """
+    _guard(pytestconfig)
     try:
         server = postgres_server()
     except ServerUnavailable as exc:
         pytest.skip(str(exc))
-    _started(pytestconfig).append(server)
+    _track(pytestconfig, server)
     yield server
     _stop(pytestconfig, server)
 
@@ -129,8 +187,9 @@ def asynclock_redlock_servers(pytestconfig: pytest.Config) -> Iterator[list[Valk
     """
     if find_valkey_binary() is None:
         pytest.skip(_HELP_VALKEY)
+    _guard(pytestconfig)
     factory = ValkeyFactory()
-    _started(pytestconfig).append(factory)
+    _track(pytestconfig, factory)
     servers = factory(5)
     yield servers
     _stop(pytestconfig, factory)
@@ -163,8 +222,9 @@ def asynclock_valkey_factory(pytestconfig: pytest.Config) -> Iterator[ValkeyFact
     """
     if find_valkey_binary() is None:
         pytest.skip(_HELP_VALKEY)
+    _guard(pytestconfig)
     factory = ValkeyFactory()
-    _started(pytestconfig).append(factory)
+    _track(pytestconfig, factory)
     yield factory
     _stop(pytestconfig, factory)
 
@@ -178,8 +238,9 @@ def asynclock_postgres_factory(pytestconfig: pytest.Config) -> Iterator[Postgres
     """
     if find_postgres_bindir() is None:
         pytest.skip(_HELP_POSTGRES)
+    _guard(pytestconfig)
     factory = PostgresFactory()
-    _started(pytestconfig).append(factory)
+    _track(pytestconfig, factory)
     yield factory
     _stop(pytestconfig, factory)
 
@@ -195,8 +256,9 @@ def asynclock_sentinel(pytestconfig: pytest.Config) -> Iterator[SentinelSetup]:
     """
     if find_valkey_binary() is None:
         pytest.skip(_HELP_VALKEY)
+    _guard(pytestconfig)
     setup = SentinelSetup.start()
-    _started(pytestconfig).append(setup)
+    _track(pytestconfig, setup)
     yield setup
     _stop(pytestconfig, setup)
 
@@ -218,8 +280,9 @@ def asynclock_cluster(
     replicas = getattr(request, "param", 1)
     if not isinstance(replicas, int):
         raise TypeError(f"asynclock_cluster takes replicas per master (an int), got {replicas!r}")
+    _guard(pytestconfig)
     setup = ClusterSetup.start(replicas=replicas)
-    _started(pytestconfig).append(setup)
+    _track(pytestconfig, setup)
     yield setup
     _stop(pytestconfig, setup)
 
@@ -232,3 +295,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         resource = started.pop()
         with contextlib.suppress(Exception):  # one failure must not leave the rest running
             _stop(session.config, resource)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Put back the signal handlers :func:`_guard` replaced."""
+    replaced = config.stash.get(_REPLACED, {})
+    for signum, previous in replaced.items():
+        if signal.getsignal(signum) is _terminate:
+            signal.signal(signum, previous)  # type: ignore[arg-type]
+    replaced.clear()

@@ -1,0 +1,21 @@
+"""What the README says about shared leases on Redis holds."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import asynclock
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+async def test_redis_grants_shared_leases_as_the_readme_says(asynclock_redis_url: str) -> None:
+    """Redis grants two overlapping shared leases, and the README does not say it refuses."""
+    assert not re.search(r"Redis rejects\s+`shared=True`", README)
+    async with (
+        asynclock.connect(asynclock_redis_url) as coord,
+        coord.lock("readme:shared", shared=True),
+        coord.lock("readme:shared", shared=True, timeout=0) as second,
+    ):
+        assert second.fence > 0
