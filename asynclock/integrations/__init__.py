@@ -9,9 +9,14 @@ leader-only background tasks — as private helpers.
 
 The HTTP answers, on both frameworks:
 
-- ``423 Locked`` with ``Retry-After`` (whole seconds, at least 1: the holder's remaining
-  TTL rounded up, or 1 when unknown) when another holder kept the lock past ``timeout``
-  (contention, and only that: after a timeout the server is asked who holds the lock);
+- ``423 Locked`` with ``Retry-After`` when another holder kept the lock past ``timeout``
+  (contention, and only that: after a timeout the server is asked who holds the lock).
+  The hint is whole seconds, at least 1: how long this route's requests held the lock
+  recently (a moving average of the holds this process saw end), rounded up, and never
+  more than the holder's remaining TTL; before any hold of the route ended here, the
+  holder's remaining TTL rounded up (1 when unknown). A renewed lease's TTL says little
+  about when its holder finishes (it is topped up every third of it), the typical hold
+  time does;
 - ``503 Service Unavailable`` with ``Retry-After: 1`` when the lock server cannot be
   reached (:class:`~asynclock.BackendError`, raised at once whatever the timeout), or
   when ``timeout`` ran out with the server not answering (and it does not answer, or
@@ -134,7 +139,40 @@ def _unanswered(exc: LockTimeout) -> bool:
     return isinstance(cause, TimeoutError) and not isinstance(cause, LockTimeout)
 
 
-async def _refusal_after_timeout(coord: Coordinator, name: str, exc: LockTimeout) -> _Refusal:
+class _HoldTimes:
+    """How long one route's requests held their lock: a moving average of the holds that
+    ended in this process, the hint of its 423 answers' ``Retry-After``."""
+
+    __slots__ = ("mean",)
+
+    # The weight of the newest hold: recent holds count most, one outlier does not rule.
+    _WEIGHT = 0.3
+
+    def __init__(self) -> None:
+        self.mean: float | None = None
+
+    def add(self, seconds: float) -> None:
+        """Count a hold of ``seconds``."""
+        seconds = max(0.0, seconds)
+        if self.mean is None:
+            self.mean = seconds
+        else:
+            self.mean += self._WEIGHT * (seconds - self.mean)
+
+
+def _retry_after(left: float, times: _HoldTimes | None) -> int:
+    """Whole seconds, at least 1, until the lock is likely free: the route's typical hold,
+    capped by the holder's remaining TTL ``left`` (inf when unknown)."""
+    hint = left if math.isfinite(left) else None
+    typical = times.mean if times is not None else None
+    if typical is not None:
+        hint = typical if hint is None else min(hint, typical)
+    return 1 if hint is None else max(1, math.ceil(hint))
+
+
+async def _refusal_after_timeout(
+    coord: Coordinator, name: str, exc: LockTimeout, times: _HoldTimes | None = None
+) -> _Refusal:
     """423 when another holder kept the lock; 503 when the server did not answer.
 
     A deadline that ran out with a request in flight is contention only if the server,
@@ -144,7 +182,7 @@ async def _refusal_after_timeout(coord: Coordinator, name: str, exc: LockTimeout
     left = await _holder_ttl(coord, name)
     if left is None or (left == 0 and _unanswered(exc)):
         return _unavailable(name, exc)
-    seconds = max(1, math.ceil(left)) if math.isfinite(left) else 1
+    seconds = _retry_after(left, times)
     return _Refusal(
         423,
         f"{name!r} is locked by another request; retry in {seconds}s",
@@ -164,8 +202,12 @@ async def _hold(
     *,
     ttl: float,
     timeout: float | None,  # noqa: ASYNC109 - coord.lock()'s timeout, passed through
+    times: _HoldTimes | None = None,
 ) -> AsyncIterator[Lease]:
     """Hold ``coord.lock(name)`` around the handler; refusals become :class:`_Refusal`.
+
+    ``times`` records how long the lock was held, and hints the ``Retry-After`` of a
+    refusal.
 
     Only this lock's own outcomes are translated: a ``LockTimeout`` or ``LockLost`` that
     the handler raises (from a lock of its own) passes through unchanged.
@@ -177,17 +219,23 @@ async def _hold(
     try:
         lease = await lock.__aenter__()
     except LockTimeout as exc:
-        raise await _refusal_after_timeout(coord, name, exc) from exc
+        raise await _refusal_after_timeout(coord, name, exc, times) from exc
     except BackendError as exc:
         raise _unavailable(name, exc) from exc
+    clock = coord.backend.clock
+    began = clock.now()
     try:
         yield lease
     except BaseException as exc:
+        if times is not None:
+            times.add(clock.now() - began)
         try:
             await leave(lock, exc)
         except LockLost as lost:  # only ever this lease's loss
             raise _lost(name, lost) from lost
         raise
+    if times is not None:
+        times.add(clock.now() - began)
     try:
         await leave(lock, None)
     except LockLost as lost:

@@ -57,6 +57,7 @@ from . import (
     _check_lock_options,
     _check_target,
     _hold,
+    _HoldTimes,
     _LeaderRunner,
     _LeaderSpec,
     _make_coordinator,
@@ -251,6 +252,7 @@ def locked(
         if not inspect.iscoroutinefunction(handler):
             shown = getattr(handler, "__qualname__", handler)
             raise TypeError(f"@locked needs an async def handler, got {shown!r}")
+        times = _HoldTimes()
 
         @functools.wraps(handler)
         async def locked_handler(*args: Any, **kwargs: Any) -> web.StreamResponse:
@@ -265,7 +267,7 @@ def locked(
             where = f"resource {resource.canonical if resource else request.path!r}"
             name = parsed.format(request.match_info, where)
             try:
-                async with _hold(coord, name, ttl=ttl, timeout=timeout) as lease:
+                async with _hold(coord, name, ttl=ttl, timeout=timeout, times=times) as lease:
                     request[LEASE] = lease
                     return await handler(*args, **kwargs)
             except _Refusal as refusal:

@@ -62,6 +62,7 @@ from . import (
     _check_lock_options,
     _check_target,
     _hold,
+    _HoldTimes,
     _LeaderRunner,
     _LeaderSpec,
     _make_coordinator,
@@ -198,6 +199,7 @@ class FastAPILocks:
         ttl, timeout = _check_lock_options(ttl, timeout)
         if scope not in ("function", "request"):
             raise ValueError(f"scope must be 'function' or 'request', got {scope!r}")
+        times = _HoldTimes()
 
         async def hold_lock(request: Request) -> AsyncIterator[Lease]:
             coord = self.coordinator
@@ -205,7 +207,7 @@ class FastAPILocks:
             where = f"route {getattr(route, 'path', request.url.path)!r}"
             name = parsed.format(request.path_params, where)
             try:
-                async with _hold(coord, name, ttl=ttl, timeout=timeout) as lease:
+                async with _hold(coord, name, ttl=ttl, timeout=timeout, times=times) as lease:
                     yield lease
             except _Refusal as refusal:
                 raise HTTPException(
