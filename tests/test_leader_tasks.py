@@ -14,7 +14,7 @@ import json
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -288,6 +288,9 @@ uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=Fa
 """
 
 
+Seen = dict[str, object]
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -312,24 +315,32 @@ class TestTwoReplicas:
         try:
             async with httpx.AsyncClient(trust_env=False, timeout=2) as client:
 
-                async def look() -> dict[str, dict[str, object]]:
-                    seen: dict[str, dict[str, object]] = {}
+                async def look() -> dict[str, Seen]:
+                    seen: dict[str, Seen] = {}
                     for label, port in ports.items():
                         with contextlib.suppress(httpx.TransportError):
                             reply = await client.get(f"http://127.0.0.1:{port}/leaders")
                             seen[label] = reply.json()
                     return seen
 
-                deadline = time.monotonic() + 9
-                seen: dict[str, dict[str, object]] = {}
-                while time.monotonic() < deadline:
-                    seen = await look()
-                    # Both replicas failed once; the job then runs for good in one.
-                    if len(seen) == 2 and sum(int(str(s["runs"])) for s in seen.values()) >= 3:
-                        break
-                    await asyncio.sleep(0.1)
+                async def until(
+                    done: Callable[[dict[str, Seen]], bool], within: float
+                ) -> dict[str, Seen]:
+                    deadline = time.monotonic() + within
+                    # Polls other processes over HTTP: there is no event to wait on.
+                    while not done(seen := await look()) and time.monotonic() < deadline:  # noqa: ASYNC110
+                        await asyncio.sleep(0.1)
+                    return seen
+
+                def runs(seen: dict[str, Seen]) -> int:
+                    return sum(int(str(s["runs"])) for s in seen.values())
+
+                # Generous deadlines: starting Python with FastAPI on a busy machine is slow.
+                seen = await until(lambda seen: len(seen) == 2, within=60)
                 assert len(seen) == 2, f"replicas did not answer: {seen}"
-                assert sum(int(str(s["runs"])) for s in seen.values()) >= 3, seen
+                # Both replicas failed once; the job then runs for good in one.
+                seen = await until(lambda seen: runs(seen) >= 3, within=30)
+                assert runs(seen) >= 3, seen
                 tasks = {label: task_of(s) for label, s in seen.items()}
                 assert sorted(str(t["state"]) for t in tasks.values()) in (
                     ["campaigning", "leading"],
@@ -346,7 +357,7 @@ class TestTwoReplicas:
                 await proc.wait()
 
 
-def task_of(seen: dict[str, object]) -> dict[str, object]:
+def task_of(seen: Seen) -> dict[str, object]:
     """The "job" task's status fields from a replica's /leaders answer."""
     tasks = seen["tasks"]
     assert isinstance(tasks, dict)
