@@ -15,6 +15,7 @@ expiry) is no leader for ``leader()`` and ``observe()``; ``inspect()`` still sho
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import os
@@ -23,10 +24,11 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ._backoff import Backoff
-from ._errors import BackendError, LeadershipLost, LockLost
+from ._clock import Clock
+from ._errors import BackendError, CoordinatorClosed, LeadershipLost, LockError, LockLost
 from ._lock import Lease, Lock
 from ._validate import MAX_NAME_BYTES, check_name, check_ttl
 
@@ -39,8 +41,7 @@ __all__ = ("Election", "Term")
 logger = logging.getLogger("asynclock")
 
 _PREFIX = "election:"
-# A voluntary resignation waits this long before campaigning again, so that another
-# candidate gets its turn instead of the same leader winning again at once.
+# The shortest pause between two campaigns of one candidate.
 _REST = 0.05
 
 
@@ -180,35 +181,26 @@ class Election:
     async def run(self, callback: Callable[[Term], Awaitable[object]]) -> NoReturn:
         """Campaign forever: lead, call ``callback(term)`` while leading, campaign again.
 
-        The callback is cancelled when leadership is lost. If it returns, this candidate
-        resigns and campaigns again. Lost leadership, backend errors and a callback that
-        raises :class:`BackendError` or :class:`LockLost` are retried after the
-        backoff, which grows with each failure in a row (a term that lasted a ``ttl``
-        starts the count again). A callback raising anything else resigns and ends
-        ``run()`` with that exception: a bug is not retried forever. Cancelling
+        ``callback`` is an ``async def`` taking the :class:`Term`; it is cancelled when
+        leadership is lost. After each term the candidate pauses before campaigning again,
+        for the election's ``retry`` backoff, which grows with each short term in a row
+        (one that lasted less than a ``ttl``; a longer one starts the count again): after
+        the callback returned (a callback that returns at once costs one term per pause,
+        not a busy loop), and after lost leadership, a backend error, or a callback that
+        raised :class:`BackendError` or :class:`LockLost`. The pauses follow the
+        coordinator's clock (a ``ManualClock`` moves them too).
+
+        A callback raising anything else resigns and ends ``run()`` with that exception:
+        ``run()`` is a building block inside a task its caller owns, and the caller
+        decides what a bug means (the web integrations' leader tasks restart it with a
+        backoff and report it). :class:`CoordinatorClosed` ends it too; cancelling
         ``run()`` resigns and stops.
+
+        Raises ``TypeError`` at once for a callback that is not an ``async def`` taking
+        one argument.
         """
-        loop = asyncio.get_running_loop()
-        failures = 0
-        while True:
-            began = math.inf
-            try:
-                async with self.leadership() as term:
-                    began = loop.time()
-                    await callback(term)
-                failures = 0
-                await asyncio.sleep(_REST)
-                continue
-            except LockLost as exc:
-                what = f"leadership of {self.name!r} lost: {exc}"
-            except BackendError as exc:
-                what = f"election {self.name!r}: {exc}"
-            if loop.time() - began >= self.ttl:
-                failures = 0  # a healthy term before this failure
-            delay = self.retry.delay(failures)
-            failures += 1
-            logger.warning("%s; campaigning again in %.2fs", what, delay)
-            await asyncio.sleep(delay)
+        check_callback(callback)
+        await campaign(self, callback, pauses=self.retry, restart_bugs=False)
 
     def __repr__(self) -> str:
         return f"<Election {self.name!r} identity={self.identity!r} ttl={self.ttl:g}>"
@@ -283,6 +275,132 @@ class _Leadership:
         except BackendError as exc:
             if task is not None and task.cancelling() > cancels:
                 raise asyncio.CancelledError from exc
+
+
+class CampaignWatch(Protocol):
+    """What a campaign reports as it goes (the integrations' leader tasks keep a state)."""
+
+    def campaigning(self) -> None:
+        """Waiting to lead."""
+
+    def leading(self, term: Term) -> None:
+        """Leading ``term``; the callback runs."""
+
+    def pausing(self, ended: BaseException | None, delay: float) -> None:
+        """A term or attempt ended (``ended`` is None when the callback returned); the
+        next campaign starts in ``delay`` seconds."""
+
+
+class _Silent:
+    def campaigning(self) -> None:
+        pass
+
+    def leading(self, term: Term) -> None:
+        pass
+
+    def pausing(self, ended: BaseException | None, delay: float) -> None:
+        pass
+
+
+async def campaign(
+    election: Election,
+    callback: Callable[[Term], Awaitable[object]],
+    *,
+    pauses: Backoff,
+    restart_bugs: bool,
+    watch: CampaignWatch | None = None,
+) -> NoReturn:
+    """The campaign loop behind :meth:`Election.run` and the integrations' leader tasks.
+
+    Between terms it pauses for ``pauses.delay(n)`` on the backend's clock, ``n``
+    counting the short terms (under a ``ttl``) and failed attempts in a row. Lost
+    leadership and backend errors are always retried; any other ``Exception`` from the
+    callback is retried when ``restart_bugs``, else raised (after the term resigned).
+    :class:`CoordinatorClosed` and cancellation always end the loop.
+    """
+    watch = watch or _Silent()
+    clock = election._coord.backend.clock
+    short = 0
+    while True:
+        watch.campaigning()
+        began: float | None = None
+        ended: BaseException | None = None
+        try:
+            async with election.leadership() as term:
+                began = clock.now()
+                watch.leading(term)
+                await callback(term)
+        except CoordinatorClosed:
+            raise
+        except LockLost as exc:
+            ended = exc
+            what = f"leadership of {election.name!r} lost: {exc}"
+        except BackendError as exc:
+            ended = exc
+            what = f"election {election.name!r}: {exc}"
+        except Exception as exc:
+            if not restart_bugs:
+                raise
+            ended = exc
+            what = f"election {election.name!r}: the callback raised {exc!r}"
+        if began is not None and clock.now() - began >= election.ttl:
+            short = 0  # a healthy term: start the count again
+        # At least a short rest: after a resignation another candidate gets its turn
+        # instead of the same one winning again at once.
+        delay = max(_REST, pauses.delay(short))
+        short += 1
+        watch.pausing(ended, delay)
+        if ended is None:
+            logger.debug(
+                "election %r: the callback returned; campaigning again in %.2fs",
+                election.name,
+                delay,
+            )
+        elif isinstance(ended, LockError):
+            logger.warning("%s; campaigning again in %.2fs", what, delay)
+        else:
+            logger.error("%s; campaigning again in %.2fs", what, delay, exc_info=ended)
+        await sleep_on(clock, delay)
+
+
+async def sleep_on(clock: Clock, seconds: float) -> None:
+    """Sleep ``seconds`` of ``clock`` (real time on a ``LoopClock``, virtual on a
+    ``ManualClock``)."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    timer = clock.call_at(clock.now() + seconds, wake)
+    try:
+        await fut
+    finally:
+        timer.cancel()
+
+
+def check_callback(callback: object) -> None:
+    """Refuse, at once, a leader callback that cannot work: not an ``async def`` (or an
+    object whose ``__call__`` is one), or not callable with one argument (the Term)."""
+    if not callable(callback):
+        raise TypeError(
+            f"callback must be an async def taking a Term, got {type(callback).__name__}"
+        )
+    call = getattr(callback, "__call__", None)  # noqa: B004 - the method, not callable()
+    if not (inspect.iscoroutinefunction(callback) or inspect.iscoroutinefunction(call)):
+        shown = getattr(callback, "__qualname__", None) or type(callback).__name__
+        raise TypeError(
+            f"callback must be an async def taking a Term, got {shown!r}, which is not a "
+            "coroutine function (a plain def would block the event loop; write async def)"
+        )
+    try:
+        signature = inspect.signature(callback)
+    except (TypeError, ValueError):  # no signature to check (some builtins)
+        return
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        raise TypeError(f"callback must take the Term as its one argument: {exc}") from None
 
 
 def _parse(message: str) -> tuple[str, int, str] | None:

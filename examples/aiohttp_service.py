@@ -25,6 +25,7 @@ Then::
     # one pays (about 1 s), the other waits for it and answers "already paid"
     curl localhost:8080/invoices/42
     curl localhost:8080/leader    # which replica runs the reconciler
+    curl localhost:8080/health    # the reconciler task's state on this replica
     for i in 1 2 3; do curl -si -X POST 'localhost:8080/invoices/7/pay?slow=3' & done
     # one pays (3 s); the other two give up after 2 s: 423 Locked, Retry-After: <seconds>
 
@@ -39,7 +40,14 @@ import os
 from aiohttp import web
 
 from asynclock import Term
-from asynclock.integrations.aiohttp import COORDINATOR, LEASE, leader_task, locked, setup
+from asynclock.integrations.aiohttp import (
+    COORDINATOR,
+    LEASE,
+    leader_status,
+    leader_task,
+    locked,
+    setup,
+)
 
 URL = os.environ.get("ASYNCLOCK_URL", "memory://")
 PORT = int(os.environ.get("PORT", "8080"))
@@ -121,6 +129,15 @@ async def leader(request: web.Request) -> web.Response:
     return web.json_response(
         {"leader": current, "this_instance": IDENTITY, "leading": current == IDENTITY}
     )
+
+
+@routes.get("/health")
+async def health(request: web.Request) -> web.Response:
+    """Each leader task's state; 503 once one has stopped (only with on_error="stop")."""
+    states = leader_status(request)
+    body = {name: status.as_dict() for name, status in states.items()}
+    healthy = all(status.running for status in states.values())
+    return web.json_response(body, status=200 if healthy else 503)
 
 
 def make_app() -> web.Application:

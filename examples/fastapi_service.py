@@ -25,6 +25,7 @@ Then::
     # one pays (about 1 s), the other waits for it and answers "already paid"
     curl localhost:8000/invoices/42
     curl localhost:8000/leader    # which replica runs the reconciler
+    curl localhost:8000/health    # the reconciler task's state on this replica
     for i in 1 2 3; do curl -si -X POST 'localhost:8000/invoices/7/pay?slow=3' & done
     # one pays (3 s); the other two give up after 2 s: 423 Locked, Retry-After: <seconds>
 
@@ -124,6 +125,15 @@ async def leader(
     """Which replica leads the reconciler now."""
     current = await coord.election("reconciler").leader()
     return {"leader": current, "this_instance": IDENTITY, "leading": current == IDENTITY}
+
+
+@app.get("/health")
+async def health() -> JSONResponse:
+    """Each leader task's state; 503 once one has stopped (only with on_error="stop")."""
+    states = locks.leader_status()
+    body = {name: status.as_dict() for name, status in states.items()}
+    healthy = all(status.running for status in states.values())
+    return JSONResponse(body, status_code=200 if healthy else 503)
 
 
 async def reconcile(term: Term) -> None:

@@ -426,7 +426,7 @@ class TestFastAPIChecks:
     async def test_crashed_leader_task_is_logged(
         self, url: str, namespace: str, caplog: pytest.LogCaptureFixture
     ) -> None:
-        """A leader callback that raises stops its task with an error log; shutdown is clean."""
+        """A leader callback that raises is logged with its traceback; shutdown is clean."""
         locks = FastAPILocks(url, prefix=namespace)
         crashed = asyncio.Event()
 
@@ -438,8 +438,8 @@ class TestFastAPIChecks:
         app = FastAPI(lifespan=locks.lifespan)
         async with asgi_client(app):
             await crashed.wait()
-            assert await eventually(lambda: "stopped" in caplog.text)
-        assert "asynclock-leader:jobs" in caplog.text
+            assert await eventually(lambda: "campaigning again" in caplog.text)
+        assert "'jobs'" in caplog.text
         assert "bug in the job" in caplog.text
 
     async def test_template_field_missing_under_included_router_is_500(
@@ -662,3 +662,61 @@ class TestAiohttpChecks:
         monkeypatch.delitem(sys.modules, "asynclock.integrations.aiohttp")
         with pytest.raises(ImportError, match=r"asynclock\[aiohttp\]"):
             importlib.import_module("asynclock.integrations.aiohttp")
+
+
+# -- Retry-After ------------------------------------------------------------------------
+
+
+class TestRetryAfter:
+    async def test_fastapi_hint_is_the_routes_typical_hold_not_the_ttl(
+        self, url: str, namespace: str
+    ) -> None:
+        """FastAPI: a 423's Retry-After is how long the route's requests held the lock
+        (0.3 s: 1), not the holder's remaining TTL (about 8 s)."""
+        locks = FastAPILocks(url, prefix=namespace)
+        app = FastAPI(lifespan=locks.lifespan)
+        entered = asyncio.Event()
+
+        @app.post("/items/{item_id}")
+        async def work(
+            item_id: str,
+            hold: float,
+            lease: Annotated[Lease, locks.lock("item:{item_id}", ttl=8, timeout=0.1)],
+        ) -> None:
+            entered.set()
+            await asyncio.sleep(hold)
+
+        async with asgi_client(app) as client:
+            assert (await client.post("/items/x", params={"hold": 0.3})).status_code == 200
+            entered.clear()
+            holder = asyncio.create_task(client.post("/items/x", params={"hold": 0.5}))
+            await entered.wait()
+            refused = await client.post("/items/x", params={"hold": 0})
+            assert (await holder).status_code == 200
+        assert refused.status_code == 423
+        assert refused.headers["Retry-After"] == "1"
+
+    async def test_aiohttp_hint_is_the_routes_typical_hold_not_the_ttl(
+        self, url: str, namespace: str
+    ) -> None:
+        """aiohttp: a 423's Retry-After is the route's typical hold, not the holder's TTL."""
+        app = web.Application()
+        aiohttp_locks.setup(app, url, prefix=namespace)
+        entered = asyncio.Event()
+
+        @aiohttp_locks.locked("item:{item_id}", ttl=8, timeout=0.1)
+        async def work(request: web.Request) -> web.Response:
+            entered.set()
+            await asyncio.sleep(float(request.query["hold"]))
+            return web.json_response({})
+
+        app.router.add_post("/items/{item_id}", work)
+        async with aiohttp_serving(app) as client:
+            assert (await client.post("/items/x", params={"hold": "0.3"})).status == 200
+            entered.clear()
+            holder = asyncio.create_task(client.post("/items/x", params={"hold": "0.5"}))
+            await entered.wait()
+            refused = await client.post("/items/x", params={"hold": "0"})
+            assert (await holder).status == 200
+        assert refused.status == 423
+        assert refused.headers["Retry-After"] == "1"

@@ -9,9 +9,14 @@ leader-only background tasks — as private helpers.
 
 The HTTP answers, on both frameworks:
 
-- ``423 Locked`` with ``Retry-After`` (whole seconds, at least 1: the holder's remaining
-  TTL rounded up, or 1 when unknown) when another holder kept the lock past ``timeout``
-  (contention, and only that: after a timeout the server is asked who holds the lock);
+- ``423 Locked`` with ``Retry-After`` when another holder kept the lock past ``timeout``
+  (contention, and only that: after a timeout the server is asked who holds the lock).
+  The hint is whole seconds, at least 1: how long this route's requests held the lock
+  recently (a moving average of the holds this process saw end), rounded up, and never
+  more than the holder's remaining TTL; before any hold of the route ended here, the
+  holder's remaining TTL rounded up (1 when unknown). A renewed lease's TTL says little
+  about when its holder finishes (it is topped up every third of it), the typical hold
+  time does;
 - ``503 Service Unavailable`` with ``Retry-After: 1`` when the lock server cannot be
   reached (:class:`~asynclock.BackendError`, raised at once whatever the timeout), or
   when ``timeout`` ran out with the server not answering (and it does not answer, or
@@ -41,16 +46,24 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
+from .._backoff import Backoff
+from .._clock import Clock
 from .._coordinator import Coordinator, connect
 from .._decorators import leave, template_fields
-from .._election import Election, Term, check_election
+from .._election import Election, Term, campaign, check_callback, check_election
 from .._errors import BackendError, LockLost, LockTimeout
 from .._lock import Lease
 from .._validate import check_timeout, check_ttl
 
-__all__ = ()
+__all__ = (
+    "LEADER_RETRY",
+    "LeaderCallback",
+    "LeaderState",
+    "LeaderTaskStatus",
+    "OnError",
+)
 
 logger = logging.getLogger("asynclock")
 
@@ -126,7 +139,40 @@ def _unanswered(exc: LockTimeout) -> bool:
     return isinstance(cause, TimeoutError) and not isinstance(cause, LockTimeout)
 
 
-async def _refusal_after_timeout(coord: Coordinator, name: str, exc: LockTimeout) -> _Refusal:
+class _HoldTimes:
+    """How long one route's requests held their lock: a moving average of the holds that
+    ended in this process, the hint of its 423 answers' ``Retry-After``."""
+
+    __slots__ = ("mean",)
+
+    # The weight of the newest hold: recent holds count most, one outlier does not rule.
+    _WEIGHT = 0.3
+
+    def __init__(self) -> None:
+        self.mean: float | None = None
+
+    def add(self, seconds: float) -> None:
+        """Count a hold of ``seconds``."""
+        seconds = max(0.0, seconds)
+        if self.mean is None:
+            self.mean = seconds
+        else:
+            self.mean += self._WEIGHT * (seconds - self.mean)
+
+
+def _retry_after(left: float, times: _HoldTimes | None) -> int:
+    """Whole seconds, at least 1, until the lock is likely free: the route's typical hold,
+    capped by the holder's remaining TTL ``left`` (inf when unknown)."""
+    hint = left if math.isfinite(left) else None
+    typical = times.mean if times is not None else None
+    if typical is not None:
+        hint = typical if hint is None else min(hint, typical)
+    return 1 if hint is None else max(1, math.ceil(hint))
+
+
+async def _refusal_after_timeout(
+    coord: Coordinator, name: str, exc: LockTimeout, times: _HoldTimes | None = None
+) -> _Refusal:
     """423 when another holder kept the lock; 503 when the server did not answer.
 
     A deadline that ran out with a request in flight is contention only if the server,
@@ -136,7 +182,7 @@ async def _refusal_after_timeout(coord: Coordinator, name: str, exc: LockTimeout
     left = await _holder_ttl(coord, name)
     if left is None or (left == 0 and _unanswered(exc)):
         return _unavailable(name, exc)
-    seconds = max(1, math.ceil(left)) if math.isfinite(left) else 1
+    seconds = _retry_after(left, times)
     return _Refusal(
         423,
         f"{name!r} is locked by another request; retry in {seconds}s",
@@ -156,8 +202,12 @@ async def _hold(
     *,
     ttl: float,
     timeout: float | None,  # noqa: ASYNC109 - coord.lock()'s timeout, passed through
+    times: _HoldTimes | None = None,
 ) -> AsyncIterator[Lease]:
     """Hold ``coord.lock(name)`` around the handler; refusals become :class:`_Refusal`.
+
+    ``times`` records how long the lock was held, and hints the ``Retry-After`` of a
+    refusal.
 
     Only this lock's own outcomes are translated: a ``LockTimeout`` or ``LockLost`` that
     the handler raises (from a lock of its own) passes through unchanged.
@@ -169,17 +219,23 @@ async def _hold(
     try:
         lease = await lock.__aenter__()
     except LockTimeout as exc:
-        raise await _refusal_after_timeout(coord, name, exc) from exc
+        raise await _refusal_after_timeout(coord, name, exc, times) from exc
     except BackendError as exc:
         raise _unavailable(name, exc) from exc
+    clock = coord.backend.clock
+    began = clock.now()
     try:
         yield lease
     except BaseException as exc:
+        if times is not None:
+            times.add(clock.now() - began)
         try:
             await leave(lock, exc)
         except LockLost as lost:  # only ever this lease's loss
             raise _lost(name, lost) from lost
         raise
+    if times is not None:
+        times.add(clock.now() - began)
     try:
         await leave(lock, None)
     except LockLost as lost:
@@ -193,55 +249,220 @@ def _lost(name: str, exc: LockLost) -> _Refusal:
 
 # -- leader-only background tasks ---------------------------------------------------------
 
+#: What a leader task does when its callback raises an unexpected exception:
+#: ``"restart"`` (campaign again after its backoff) or ``"stop"`` (end the task).
+OnError = Literal["restart", "stop"]
+
+#: Where a leader task is: ``"campaigning"`` (waiting to lead), ``"leading"`` (its
+#: callback runs), ``"backing_off"`` (a term or attempt ended; it campaigns again after a
+#: pause), ``"stopped"`` (not running: before startup, after shutdown, or ended by an
+#: error under ``on_error="stop"``).
+LeaderState = Literal["campaigning", "leading", "backing_off", "stopped"]
+
+#: The default pauses of a leader task between terms: up to 1 s after the first failure or
+#: short term, doubling to at most a minute (full jitter).
+LEADER_RETRY = Backoff(initial=1.0, maximum=60.0)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderTaskStatus:
+    """A snapshot of one leader task, for a readiness or health endpoint.
+
+    ``name``: the election; ``state``: see :data:`LeaderState`; ``identity``: this
+    instance's candidate identity (None before startup); ``term``: the term's fence while
+    leading, else None; ``terms``: terms led since startup; ``failures``: terms and
+    attempts that ended by an error, in a row (a term that lasted a ``ttl`` starts the
+    count again); ``error``: the last of those errors (``"ValueError: bad row"``);
+    ``retry_in``: seconds until the next campaign while ``"backing_off"``; ``detail``: a
+    sentence saying the same.
+    """
+
+    name: str
+    state: LeaderState
+    identity: str | None
+    term: int | None
+    terms: int
+    failures: int
+    error: str | None
+    retry_in: float | None
+    detail: str
+
+    @property
+    def running(self) -> bool:
+        """False once the task stopped (or before it started): nothing will run its job
+        on this instance."""
+        return self.state != "stopped"
+
+    def as_dict(self) -> dict[str, object]:
+        """The snapshot as a JSON-ready dict (``running`` included)."""
+        return {
+            "name": self.name,
+            "state": self.state,
+            "running": self.running,
+            "identity": self.identity,
+            "term": self.term,
+            "terms": self.terms,
+            "failures": self.failures,
+            "error": self.error,
+            "retry_in": self.retry_in,
+            "detail": self.detail,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class _LeaderSpec:
-    """A registered leader-only task: ``coord.election(name, ...).run(callback)``."""
+    """A registered leader-only task: ``coord.election(name, ...)`` campaigned by a
+    :class:`_LeaderRunner`."""
 
     name: str
     callback: LeaderCallback
     ttl: float
     identity: str | None
+    on_error: OnError
+    retry: Backoff
 
     @classmethod
-    def make(cls, name: object, callback: object, ttl: object, identity: object) -> _LeaderSpec:
+    def make(
+        cls,
+        name: object,
+        callback: object,
+        *,
+        ttl: object,
+        identity: object,
+        on_error: object,
+        retry: object,
+        registered: Iterable[_LeaderSpec],
+    ) -> _LeaderSpec:
         """Validate the arguments now, so that a mistake fails at registration."""
-        if not callable(callback):
-            raise TypeError(
-                f"callback must be an async function taking a Term, got {type(callback).__name__}"
-            )
+        check_callback(callback)
         checked_name, seconds, _ = check_election(name, ttl, identity)
         assert identity is None or isinstance(identity, str)  # checked just above
-        return cls(checked_name, callback, seconds, identity)
+        if on_error not in ("restart", "stop"):
+            raise ValueError(f"on_error must be 'restart' or 'stop', got {on_error!r}")
+        if retry is not None and not isinstance(retry, Backoff):
+            raise TypeError(f"retry must be an asynclock.Backoff, got {type(retry).__name__}")
+        if any(spec.name == checked_name for spec in registered):
+            raise ValueError(f"a leader task {checked_name!r} is already registered")
+        return cls(
+            checked_name,
+            cast(LeaderCallback, callback),
+            seconds,
+            identity,
+            on_error,
+            retry or LEADER_RETRY,
+        )
 
 
-def _start_leaders(coord: Coordinator, specs: Sequence[_LeaderSpec]) -> list[asyncio.Task[None]]:
-    """One task per spec, campaigning forever; a crash is logged, not left unretrieved."""
-    tasks: list[asyncio.Task[None]] = []
-    for spec in specs:
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class _LeaderRunner:
+    """Runs one leader task while the app runs and keeps its state."""
+
+    def __init__(self, spec: _LeaderSpec) -> None:
+        self.spec = spec
+        self._clock: Clock | None = None
+        self._state: LeaderState = "stopped"
+        self._identity: str | None = None
+        self._term: int | None = None
+        self._terms = 0
+        self._failures = 0
+        self._error: str | None = None
+        self._retry_at: float | None = None
+        self._began: float | None = None
+        self._detail = "not started"
+
+    def start(self, coord: Coordinator) -> asyncio.Task[None]:
+        """Start campaigning (a task owned by the caller, who cancels it to stop)."""
+        spec = self.spec
         election = coord.election(spec.name, ttl=spec.ttl, identity=spec.identity)
-        task = asyncio.get_running_loop().create_task(
-            _campaign(election, spec.callback), name=f"asynclock-leader:{spec.name}"
+        self._clock = coord.backend.clock
+        self._identity = election.identity
+        self._terms = self._failures = 0
+        self._error = None
+        self.campaigning()
+        return asyncio.get_running_loop().create_task(
+            self._main(election), name=f"asynclock-leader:{spec.name}"
         )
-        task.add_done_callback(_report_crash)
-        tasks.append(task)
-    return tasks
 
+    async def _main(self, election: Election) -> None:
+        spec = self.spec
+        try:
+            await campaign(
+                election,
+                spec.callback,
+                pauses=spec.retry,
+                restart_bugs=spec.on_error == "restart",
+                watch=self,
+            )
+        except asyncio.CancelledError:
+            self._stop("stopped: the app shut down")
+            raise
+        except Exception as exc:  # a bug under on_error="stop", or a closed coordinator
+            self._error = _describe(exc)
+            self._failures += 1
+            self._stop(f"stopped: {self._error}; it is not restarted")
+            logger.exception(
+                "leader task %r stopped: %s; it is not restarted", spec.name, self._error
+            )
 
-async def _campaign(election: Election, callback: LeaderCallback) -> None:
-    await election.run(callback)  # returns only by an exception: cancelled, or a crash
+    def _stop(self, detail: str) -> None:
+        self._state, self._term, self._retry_at, self._detail = "stopped", None, None, detail
 
+    # CampaignWatch
+    def campaigning(self) -> None:
+        self._state, self._term, self._retry_at = "campaigning", None, None
+        self._detail = "campaigning: waiting to lead"
 
-def _report_crash(task: asyncio.Task[None]) -> None:
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None:
-        logger.error(
-            "leader task %r stopped: its callback raised; it is not restarted",
-            task.get_name(),
-            exc_info=exc,
+    def leading(self, term: Term) -> None:
+        assert self._clock is not None
+        self._state, self._term, self._began = "leading", term.fence, self._clock.now()
+        self._terms += 1
+        self._detail = f"leading term {term.fence}"
+
+    def pausing(self, ended: BaseException | None, delay: float) -> None:
+        assert self._clock is not None
+        now = self._clock.now()
+        if self._began is not None and now - self._began >= self.spec.ttl:
+            self._failures, self._error = 0, None  # a healthy term: start the count again
+        self._state, self._term, self._retry_at, self._began = (
+            "backing_off",
+            None,
+            now + delay,
+            None,
         )
+        if ended is None:
+            what = "the callback returned"
+        else:
+            self._error = _describe(ended)
+            self._failures += 1
+            what = f"the term ended: {self._error}"
+        self._detail = f"{what}; campaigning again in {delay:.2f}s"
+
+    def status(self) -> LeaderTaskStatus:
+        """A snapshot of the task's state."""
+        retry_in = None
+        if self._retry_at is not None and self._clock is not None:
+            retry_in = max(0.0, self._retry_at - self._clock.now())
+        return LeaderTaskStatus(
+            name=self.spec.name,
+            state=self._state,
+            identity=self._identity,
+            term=self._term,
+            terms=self._terms,
+            failures=self._failures,
+            error=self._error,
+            retry_in=retry_in,
+            detail=self._detail,
+        )
+
+
+def _start_leaders(
+    coord: Coordinator, runners: Sequence[_LeaderRunner]
+) -> list[asyncio.Task[None]]:
+    """One task per leader task, campaigning until cancelled (or stopped by a bug)."""
+    return [runner.start(coord) for runner in runners]
 
 
 async def _stop_leaders(tasks: Iterable[asyncio.Task[None]]) -> None:

@@ -47,13 +47,18 @@ except ImportError as exc:
         f"asynclock.integrations.aiohttp needs aiohttp: pip install 'asynclock[aiohttp]' ({exc})"
     ) from exc
 
+from .._backoff import Backoff
 from .._coordinator import Coordinator
 from .._lock import Lease
 from . import (
     LeaderCallback,
+    LeaderTaskStatus,
+    OnError,
     _check_lock_options,
     _check_target,
     _hold,
+    _HoldTimes,
+    _LeaderRunner,
     _LeaderSpec,
     _make_coordinator,
     _Refusal,
@@ -62,7 +67,17 @@ from . import (
     _Template,
 )
 
-__all__ = ("COORDINATOR", "LEASE", "HTTPLocked", "leader_task", "locked", "setup")
+__all__ = (
+    "COORDINATOR",
+    "LEASE",
+    "HTTPLocked",
+    "LeaderTaskStatus",
+    "OnError",
+    "leader_status",
+    "leader_task",
+    "locked",
+    "setup",
+)
 
 #: Where :func:`setup` keeps the coordinator while the application runs:
 #: ``request.config_dict[COORDINATOR]`` (also from sub-applications) or
@@ -82,7 +97,7 @@ _TEMPLATE_ATTR = "__asynclock_template__"
 class _AppState:
     target: str | Sequence[str] | Coordinator
     options: dict[str, Any]
-    leaders: list[_LeaderSpec] = field(default_factory=list)
+    leaders: list[_LeaderRunner] = field(default_factory=list)
 
 
 _STATE: Final = web.AppKey("asynclock_state", _AppState)
@@ -137,24 +152,59 @@ def leader_task(
     *,
     ttl: float = 10.0,
     identity: str | None = None,
+    on_error: OnError = "restart",
+    retry: Backoff | None = None,
 ) -> None:
     """Run ``callback`` in one application instance at a time among all that use
-    election ``name``: at startup a task runs ``coord.election(name, ttl=ttl,
-    identity=identity).run(callback)`` (campaign, call ``callback(term)`` while leading,
-    campaign again after a loss); at cleanup it is cancelled, which resigns. A callback
-    that returns resigns and campaigns again, as does one raising ``BackendError`` or
-    ``LockLost`` (after a backoff that grows); one that raises anything else stops its
-    task (logged on the ``asynclock`` logger) and is not restarted.
+    election ``name``, from startup to cleanup.
 
-    Raises ``RuntimeError`` before :func:`setup` or once the app has started,
-    ``TypeError``/``ValueError`` for bad arguments.
+    At startup a task campaigns on ``coord.election(name, ttl=ttl, identity=identity)``
+    and calls ``await callback(term)`` while this instance leads (cancelled when
+    leadership is lost); at cleanup it is cancelled, which resigns. Whenever a term ends
+    the task pauses, then campaigns again: the pause is ``retry``'s delay (default
+    :data:`~asynclock.integrations.LEADER_RETRY`: up to 1 s, doubling to at most 60 s),
+    growing with each error or term shorter than ``ttl`` in a row. That holds after the
+    callback returns (a callback that returns at once runs once per pause, it does not
+    spin), after a lost leadership or a backend error, and, with ``on_error="restart"``
+    (the default), after any exception the callback raises (logged with its traceback on
+    the ``asynclock`` logger): a transient failure never stops the fleet's job. With
+    ``on_error="stop"`` such an exception stops the task for good (logged; its state
+    says why). :func:`leader_status` shows each task's state.
+
+    Raises ``RuntimeError`` before :func:`setup` or once the app has started;
+    ``TypeError`` for a callback that is not an ``async def`` taking the
+    :class:`~asynclock.Term`, and ``TypeError``/``ValueError`` for other bad arguments or
+    a ``name`` already registered.
     """
     state = app.get(_STATE)
     if state is None:
         raise RuntimeError("call asynclock setup(app, ...) before leader_task(app, ...)")
     if app.pre_frozen:
         raise RuntimeError("register leader tasks before the app starts")
-    state.leaders.append(_LeaderSpec.make(name, callback, ttl, identity))
+    spec = _LeaderSpec.make(
+        name,
+        callback,
+        ttl=ttl,
+        identity=identity,
+        on_error=on_error,
+        retry=retry,
+        registered=[runner.spec for runner in state.leaders],
+    )
+    state.leaders.append(_LeaderRunner(spec))
+
+
+def leader_status(app: web.Application | web.Request) -> dict[str, LeaderTaskStatus]:
+    """Each leader task's state by election name, for a readiness or health endpoint.
+
+    ``app`` is the application :func:`setup` was called on, or a request to it or to
+    one of its sub-applications (``leader_status(request)`` in a handler). Before
+    startup and after cleanup every task is ``"stopped"``. Raises ``RuntimeError`` when
+    :func:`setup` was not called.
+    """
+    state = app.config_dict.get(_STATE) if isinstance(app, web.Request) else app.get(_STATE)
+    if state is None:
+        raise RuntimeError("call asynclock setup(app, ...) before leader_status()")
+    return {runner.spec.name: runner.status() for runner in state.leaders}
 
 
 async def _lifetime(app: web.Application) -> AsyncIterator[None]:
@@ -202,6 +252,7 @@ def locked(
         if not inspect.iscoroutinefunction(handler):
             shown = getattr(handler, "__qualname__", handler)
             raise TypeError(f"@locked needs an async def handler, got {shown!r}")
+        times = _HoldTimes()
 
         @functools.wraps(handler)
         async def locked_handler(*args: Any, **kwargs: Any) -> web.StreamResponse:
@@ -216,7 +267,7 @@ def locked(
             where = f"resource {resource.canonical if resource else request.path!r}"
             name = parsed.format(request.match_info, where)
             try:
-                async with _hold(coord, name, ttl=ttl, timeout=timeout) as lease:
+                async with _hold(coord, name, ttl=ttl, timeout=timeout, times=times) as lease:
                     request[LEASE] = lease
                     return await handler(*args, **kwargs)
             except _Refusal as refusal:

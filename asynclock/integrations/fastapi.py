@@ -52,13 +52,18 @@ except ImportError as exc:
         f"asynclock.integrations.fastapi needs FastAPI: pip install 'asynclock[fastapi]' ({exc})"
     ) from exc
 
+from .._backoff import Backoff
 from .._coordinator import Coordinator
 from .._lock import Lease
 from . import (
     LeaderCallback,
+    LeaderTaskStatus,
+    OnError,
     _check_lock_options,
     _check_target,
     _hold,
+    _HoldTimes,
+    _LeaderRunner,
     _LeaderSpec,
     _make_coordinator,
     _Refusal,
@@ -67,7 +72,7 @@ from . import (
     _Template,
 )
 
-__all__ = ("DependencyScope", "FastAPILocks")
+__all__ = ("DependencyScope", "FastAPILocks", "LeaderTaskStatus", "OnError")
 
 #: When a lock dependency releases: ``"function"`` (before the response is sent) or
 #: ``"request"`` (after it was sent); see :meth:`FastAPILocks.lock`.
@@ -101,7 +106,7 @@ class FastAPILocks:
         self._options = dict(connect_options)
         self._coord: Coordinator | None = None
         self._running = False
-        self._leaders: list[_LeaderSpec] = []
+        self._leaders: list[_LeaderRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
         # Every lock dependency made here, with its template: checked against the
         # routes at startup.
@@ -194,6 +199,7 @@ class FastAPILocks:
         ttl, timeout = _check_lock_options(ttl, timeout)
         if scope not in ("function", "request"):
             raise ValueError(f"scope must be 'function' or 'request', got {scope!r}")
+        times = _HoldTimes()
 
         async def hold_lock(request: Request) -> AsyncIterator[Lease]:
             coord = self.coordinator
@@ -201,7 +207,7 @@ class FastAPILocks:
             where = f"route {getattr(route, 'path', request.url.path)!r}"
             name = parsed.format(request.path_params, where)
             try:
-                async with _hold(coord, name, ttl=ttl, timeout=timeout) as lease:
+                async with _hold(coord, name, ttl=ttl, timeout=timeout, times=times) as lease:
                     yield lease
             except _Refusal as refusal:
                 raise HTTPException(
@@ -219,22 +225,50 @@ class FastAPILocks:
         *,
         ttl: float = 10.0,
         identity: str | None = None,
+        on_error: OnError = "restart",
+        retry: Backoff | None = None,
     ) -> None:
         """Run ``callback`` in one app instance at a time among all that use election
-        ``name``: at startup a task runs ``coord.election(name, ttl=ttl,
-        identity=identity).run(callback)`` (campaign, call ``callback(term)`` while
-        leading, campaign again after a loss); at shutdown it is cancelled, which
-        resigns. A callback that returns resigns and campaigns again, as does one
-        raising ``BackendError`` or ``LockLost`` (after a backoff that grows); one that
-        raises anything else stops its task (logged on the ``asynclock`` logger) and is
-        not restarted.
+        ``name``, from startup to shutdown.
 
-        Raises ``RuntimeError`` once the app runs, ``TypeError``/``ValueError`` for bad
-        arguments.
+        At startup a task campaigns on ``coord.election(name, ttl=ttl,
+        identity=identity)`` and calls ``await callback(term)`` while this instance leads
+        (cancelled when leadership is lost); at shutdown it is cancelled, which resigns.
+        Whenever a term ends the task pauses, then campaigns again: the pause is
+        ``retry``'s delay (default :data:`~asynclock.integrations.LEADER_RETRY`: up to 1
+        s, doubling to at most 60 s), growing with each error or term shorter than
+        ``ttl`` in a row. That holds after the callback returns (a callback that returns
+        at once runs once per pause, it does not spin), after a lost leadership or a
+        backend error, and, with ``on_error="restart"`` (the default), after any
+        exception the callback raises (logged with its traceback on the ``asynclock``
+        logger): a transient failure never stops the fleet's job. With
+        ``on_error="stop"`` such an exception stops the task for good (logged; its state
+        says why). :meth:`leader_status` shows each task's state.
+
+        Raises ``RuntimeError`` once the app runs; ``TypeError`` for a callback that is
+        not an ``async def`` taking the :class:`~asynclock.Term`, and
+        ``TypeError``/``ValueError`` for other bad arguments or a ``name`` already
+        registered.
         """
         if self._running:
             raise RuntimeError("register leader tasks before the app starts")
-        self._leaders.append(_LeaderSpec.make(name, callback, ttl, identity))
+        spec = _LeaderSpec.make(
+            name,
+            callback,
+            ttl=ttl,
+            identity=identity,
+            on_error=on_error,
+            retry=retry,
+            registered=[runner.spec for runner in self._leaders],
+        )
+        self._leaders.append(_LeaderRunner(spec))
+
+    def leader_status(self) -> dict[str, LeaderTaskStatus]:
+        """Each leader task's state by election name, for a readiness or health
+        endpoint: ``{name: status.as_dict() for name, status in
+        locks.leader_status().items()}``. Before startup and after shutdown every task
+        is ``"stopped"``."""
+        return {runner.spec.name: runner.status() for runner in self._leaders}
 
     def _check_routes(self, routes: Iterable[BaseRoute], inherited: frozenset[str]) -> None:
         for route in routes:
@@ -262,5 +296,5 @@ class FastAPILocks:
 
     def __repr__(self) -> str:
         state = repr(self._coord) if self._coord is not None else "not running"
-        leaders = [spec.name for spec in self._leaders]
+        leaders = [runner.spec.name for runner in self._leaders]
         return f"<FastAPILocks {state} leader_tasks={leaders}>"
