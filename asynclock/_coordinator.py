@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 from urllib.parse import urlsplit
@@ -57,7 +57,8 @@ class Coordinator:
 
     ``Coordinator(backend)`` wraps a backend built from clients the application owns
     (they are not closed by :meth:`aclose`); :func:`connect` builds both from a URL.
-    ``identity`` names this coordinator in ``inspect()`` results (default
+    ``identity`` names this coordinator in ``inspect()`` results and is the identity of
+    its elections' candidates unless :meth:`election` is given one (default
     ``host:pid:random``). ``telemetry``: OpenTelemetry metrics and spans when
     ``opentelemetry-api`` is installed (None, the default), never (False). Use it as an
     async context manager, or call :meth:`aclose`.
@@ -260,9 +261,11 @@ class Coordinator:
 
         ``ttl``: a term lasts that long without renewal (a crashed leader is replaced
         within about ``ttl``); ``identity``: what :meth:`Election.leader` reports for this
-        candidate (default ``host:pid:random``); ``retry``: the backoff between attempts.
+        candidate (default: this coordinator's :attr:`identity`); ``retry``: the backoff
+        between attempts.
         """
         name, seconds, who = check_election(name, ttl, identity)
+        who = self.identity if who is None else who
         self._check_validity(seconds)
         if retry is not None and not isinstance(retry, Backoff):
             raise TypeError(f"retry must be an asynclock.Backoff, got {type(retry).__name__}")
@@ -270,7 +273,9 @@ class Coordinator:
 
     def singleton(
         self, template: str, *, ttl: float = 60.0
-    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | None]]]:
+    ) -> Callable[
+        [Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R | None]]
+    ]:
         """Decorate an ``async def`` to run only if no other call with the same lock name
         is running (anywhere): otherwise the call is skipped and returns None.
 
@@ -282,7 +287,7 @@ class Coordinator:
 
     def locked(
         self, template: str, *, ttl: float = 30.0, timeout: float | None = None
-    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R]]]:
         """Decorate an ``async def`` to run under the lock named by ``template`` (formatted
         with the call's arguments), waiting up to ``timeout`` for it (then
         :class:`~asynclock.LockTimeout`)."""
