@@ -23,9 +23,6 @@ from ._wakeup import Mailbox, WakeSlot
 from ._watchdog import Watchdog
 from .backends.base import Backend, Claim, LockInfo
 from .backends.memory import MemoryBackend
-from .backends.postgres import PostgresBackend
-from .backends.redis import RedisBackend
-from .backends.redlock import RedlockBackend
 
 __all__ = ("Coordinator", "connect")
 
@@ -561,6 +558,8 @@ def _connect_redlock(urls: list[object], options: dict[str, Any]) -> Coordinator
                 f"Redlock nodes must be redis://, rediss:// or unix:// URLs, got scheme "
                 f"{_scheme(url)!r}"
             )
+    from .backends.redlock import RedlockBackend  # noqa: PLC0415 - redis-py loads on first use
+
     identity = options.pop("identity", None)
     backend = RedlockBackend.from_urls([str(url) for url in urls], **options)
     return Coordinator(backend, identity=identity)
@@ -613,7 +612,13 @@ def connect(target: str | Sequence[str], **options: Any) -> Coordinator:
             )
         backend = MemoryBackend.shared(target.split("://", 1)[1], **options)
     elif scheme in ("postgresql", "postgres"):
+        # Each driver loads when a URL first needs it: Redis users never import asyncpg,
+        # PostgreSQL users never import redis-py.
+        from .backends.postgres import PostgresBackend  # noqa: PLC0415 - see above
+
         backend = PostgresBackend.from_dsn(target, **options)
     else:
+        from .backends.redis import RedisBackend  # noqa: PLC0415 - loaded on first use
+
         backend = RedisBackend.from_url(target, **options)
     return Coordinator(backend, identity=identity)

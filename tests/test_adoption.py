@@ -4,7 +4,11 @@ hold, backends loaded when a URL needs them, and connect() mistakes named at the
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 import typing
+
+import pytest
 
 import asynclock
 import asynclock.backends
@@ -56,3 +60,29 @@ class TestPublicTypes:
                     if not any(getattr(m, returned.__name__, None) is returned for m in public):
                         private.append(f"{name}.{member} -> {returned.__qualname__}")
         assert private == []
+
+
+class TestLazyDrivers:
+    @pytest.mark.parametrize(
+        ("url", "loaded", "absent"),
+        [
+            ("", [], ["redis", "asyncpg"]),
+            ("redis://127.0.0.1:6379/0", ["redis"], ["asyncpg"]),
+            ("postgresql://app@127.0.0.1:5432/app", ["asyncpg"], ["redis"]),
+        ],
+        ids=["import", "redis", "postgresql"],
+    )
+    def test_a_url_loads_its_driver_only(
+        self, url: str, loaded: list[str], absent: list[str]
+    ) -> None:
+        """import asynclock loads no driver; connect() loads the one its URL needs."""
+        script = (
+            "import sys, asynclock\n"
+            f"if {url!r}: asynclock.connect({url!r})\n"
+            f"print(*[m for m in {[*loaded, *absent]!r} if m in sys.modules])\n"
+        )
+        done = subprocess.run(  # noqa: S603 - our own interpreter and a fixed script
+            [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == loaded
