@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
+import inspect
 import logging
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 from urllib.parse import urlsplit
@@ -549,6 +551,47 @@ def _scheme(url: str) -> str:
     return urlsplit(url).scheme.lower() if "://" in url else ""
 
 
+def _keywords(*functions: Callable[..., Any]) -> set[str]:
+    """The keyword parameters of ``functions``."""
+    names: set[str] = set()
+    for function in functions:
+        names.update(
+            p.name
+            for p in inspect.signature(function).parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        )
+    return names
+
+
+def _check_options(
+    what: str,
+    options: dict[str, Any],
+    ours: Collection[str],
+    theirs: Collection[str] = (),
+    driver: str = "",
+) -> None:
+    """TypeError naming each of ``options`` that is neither ``ours`` (asynclock's) nor
+    ``theirs`` (``driver``'s), with the closest accepted name and every accepted one:
+    otherwise a typo reaches the driver and fails there, in its words."""
+    accepted = {"identity", *ours, *theirs}
+    unknown = sorted(set(options) - accepted)
+    if not unknown:
+        return
+    guesses = [
+        f"{name!r} (did you mean {close[0]!r}?)"
+        if (close := difflib.get_close_matches(name, accepted, n=1))
+        else repr(name)
+        for name in unknown
+    ]
+    listed = f"asynclock's: {', '.join(sorted({'identity', *ours}))}"
+    if theirs:
+        listed += f"; {driver}'s: {', '.join(sorted(set(theirs) - set(ours)))}"
+    raise TypeError(
+        f"unknown option{'s' if len(unknown) > 1 else ''} for {what}: {', '.join(guesses)}. "
+        f"Accepted: {listed}"
+    )
+
+
 def _connect_redlock(urls: list[object], options: dict[str, Any]) -> Coordinator:
     for url in urls:
         if not isinstance(url, str):
@@ -558,8 +601,15 @@ def _connect_redlock(urls: list[object], options: dict[str, Any]) -> Coordinator
                 f"Redlock nodes must be redis://, rediss:// or unix:// URLs, got scheme "
                 f"{_scheme(url)!r}"
             )
+    from .backends.redis import backend_options  # noqa: PLC0415 - as for one node
     from .backends.redlock import RedlockBackend  # noqa: PLC0415 - redis-py loads on first use
 
+    ours = {"node_timeout", *_keywords(RedlockBackend.__init__, RedlockBackend.from_urls)}
+    ours -= {"self", "cls", "clients", "urls"}
+    theirs: set[str] = set()
+    for url in urls:
+        theirs |= backend_options(str(url))[1]
+    _check_options("Redlock", options, ours, theirs, "redis-py")
     identity = options.pop("identity", None)
     backend = RedlockBackend.from_urls([str(url) for url in urls], **options)
     return Coordinator(backend, identity=identity)
@@ -603,22 +653,24 @@ def connect(target: str | Sequence[str], **options: Any) -> Coordinator:
     identity = options.pop("identity", None)
     backend: Backend
     if scheme == "memory":
-        allowed = {"drift_factor", "drift_base"}
-        unknown = set(options) - allowed
-        if unknown:
-            raise TypeError(
-                f"unknown option(s) for memory://: {', '.join(sorted(unknown))} "
-                f"(accepted: identity, {', '.join(sorted(allowed))})"
-            )
+        _check_options("memory://", options, ("drift_factor", "drift_base"))
         backend = MemoryBackend.shared(target.split("://", 1)[1], **options)
     elif scheme in ("postgresql", "postgres"):
         # Each driver loads when a URL first needs it: Redis users never import asyncpg,
         # PostgreSQL users never import redis-py.
+        import asyncpg  # noqa: PLC0415 - see above
+
         from .backends.postgres import PostgresBackend  # noqa: PLC0415 - see above
 
+        ours = _keywords(PostgresBackend.__init__, PostgresBackend.from_dsn) - {"self", "pool"}
+        # What from_dsn() sets itself is not the caller's to pass.
+        theirs = _keywords(asyncpg.create_pool, asyncpg.connect)
+        theirs -= {"dsn", "min_size", "max_size", "reset", "loop", "connect_kwargs"}
+        _check_options(f"{scheme}://", options, ours - {"dsn"}, theirs, "asyncpg")
         backend = PostgresBackend.from_dsn(target, **options)
     else:
-        from .backends.redis import RedisBackend  # noqa: PLC0415 - loaded on first use
+        from .backends.redis import RedisBackend, backend_options  # noqa: PLC0415 - see above
 
+        _check_options(f"{scheme}://", options, *backend_options(target), "redis-py")
         backend = RedisBackend.from_url(target, **options)
     return Coordinator(backend, identity=identity)

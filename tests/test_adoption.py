@@ -12,6 +12,7 @@ import pytest
 
 import asynclock
 import asynclock.backends
+from asynclock.testing.proxy import FaultProxy
 
 
 def _classes(annotation: object) -> list[type]:
@@ -86,3 +87,53 @@ class TestLazyDrivers:
         )
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == loaded
+
+
+class TestConnectMistakes:
+    @pytest.mark.parametrize(
+        ("target", "option", "meant"),
+        [
+            ("redis://127.0.0.1:6379/0", "max_conections", "max_connections"),
+            ("rediss://127.0.0.1:6379/0", "socket_timout", "socket_timeout"),
+            ("redis+sentinel://127.0.0.1:26379/main", "max_conections", "max_connections"),
+            ("redis+cluster://127.0.0.1:7000", "max_conections", "max_connections"),
+            ("postgresql://app@127.0.0.1:5432/app", "namspace", "namespace"),
+            ("memory://", "drift_bse", "drift_base"),
+            ([f"redis://127.0.0.1:{port}/0" for port in (1, 2, 3)], "node_timout", "node_timeout"),
+        ],
+        ids=["redis", "rediss", "sentinel", "cluster", "postgresql", "memory", "redlock"],
+    )
+    def test_a_misspelt_option_is_named(self, target: str, option: str, meant: str) -> None:
+        """connect() names a misspelt option, the one meant and what it accepts."""
+        with pytest.raises(TypeError) as caught:
+            asynclock.connect(target, **{option: 5})
+        message = str(caught.value)
+        assert "unknown option for" in message
+        assert f"{option!r} (did you mean {meant!r}?)" in message
+        assert "identity" in message
+        assert "AbstractConnection" not in message
+
+    def test_redlock_refuses_one_address_listed_twice(self) -> None:
+        """Redlock over one address listed more than once is refused at connect()."""
+        urls = ["redis://127.0.0.1:6379/0", "redis://LOCALHOST:6380/0", "redis://127.0.0.1:6379/1"]
+        with pytest.raises(ValueError, match=r"listed more than once: 127\.0\.0\.1:6379 \(2"):
+            asynclock.connect(urls)
+
+    async def test_redlock_refuses_one_server_under_three_addresses(
+        self, asynclock_redis_url: str, namespace: str
+    ) -> None:
+        """Three addresses of one server (same run_id) fail the first acquire, and
+        nothing is left locked."""
+        async with (
+            FaultProxy.from_url(asynclock_redis_url) as first,
+            FaultProxy.from_url(asynclock_redis_url) as second,
+        ):
+            urls = [asynclock_redis_url, first.url_for(asynclock_redis_url)]
+            urls.append(second.url_for(asynclock_redis_url))
+            async with asynclock.connect(urls, prefix=namespace, node_timeout=1.0) as coord:
+                with pytest.raises(ValueError, match="one server"):
+                    await coord.lock("job", ttl=5, timeout=0).acquire()
+                with pytest.raises(ValueError, match="one server"):
+                    await coord.lock("job", ttl=5, timeout=0).acquire()
+                async with asynclock.connect(asynclock_redis_url, prefix=namespace) as single:
+                    assert not await single.is_locked("job")
