@@ -587,8 +587,8 @@ def _check_options(
     if theirs:
         listed += f"; {driver}'s: {', '.join(sorted(set(theirs) - set(ours)))}"
     raise TypeError(
-        f"unknown option{'s' if len(unknown) > 1 else ''} for {what}: {', '.join(guesses)}. "
-        f"Accepted: {listed}"
+        f"unknown option{'s' if len(unknown) > 1 else ''} for {what}: {', '.join(guesses)}"
+        f" (accepted: {listed})"
     )
 
 
