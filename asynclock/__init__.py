@@ -13,6 +13,7 @@ from ._backoff import Backoff as Backoff
 from ._coordinator import Coordinator as Coordinator
 from ._coordinator import connect as connect
 from ._election import Election as Election
+from ._election import Leadership as Leadership
 from ._election import Term as Term
 from ._errors import BackendError as BackendError
 from ._errors import CoordinatorClosed as CoordinatorClosed
@@ -38,6 +39,7 @@ __all__ = (
     "CoordinatorStats",
     "Election",
     "LatencySummary",
+    "Leadership",
     "LeadershipLost",
     "Lease",
     "Lock",

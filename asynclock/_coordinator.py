@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
+import inspect
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 from urllib.parse import urlsplit
@@ -23,9 +25,6 @@ from ._wakeup import Mailbox, WakeSlot
 from ._watchdog import Watchdog
 from .backends.base import Backend, Claim, LockInfo
 from .backends.memory import MemoryBackend
-from .backends.postgres import PostgresBackend
-from .backends.redis import RedisBackend
-from .backends.redlock import RedlockBackend
 
 __all__ = ("Coordinator", "connect")
 
@@ -57,7 +56,8 @@ class Coordinator:
 
     ``Coordinator(backend)`` wraps a backend built from clients the application owns
     (they are not closed by :meth:`aclose`); :func:`connect` builds both from a URL.
-    ``identity`` names this coordinator in ``inspect()`` results (default
+    ``identity`` names this coordinator in ``inspect()`` results and is the identity of
+    its elections' candidates unless :meth:`election` is given one (default
     ``host:pid:random``). ``telemetry``: OpenTelemetry metrics and spans when
     ``opentelemetry-api`` is installed (None, the default), never (False). Use it as an
     async context manager, or call :meth:`aclose`.
@@ -260,9 +260,11 @@ class Coordinator:
 
         ``ttl``: a term lasts that long without renewal (a crashed leader is replaced
         within about ``ttl``); ``identity``: what :meth:`Election.leader` reports for this
-        candidate (default ``host:pid:random``); ``retry``: the backoff between attempts.
+        candidate (default: this coordinator's :attr:`identity`); ``retry``: the backoff
+        between attempts.
         """
         name, seconds, who = check_election(name, ttl, identity)
+        who = self.identity if who is None else who
         self._check_validity(seconds)
         if retry is not None and not isinstance(retry, Backoff):
             raise TypeError(f"retry must be an asynclock.Backoff, got {type(retry).__name__}")
@@ -270,7 +272,9 @@ class Coordinator:
 
     def singleton(
         self, template: str, *, ttl: float = 60.0
-    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | None]]]:
+    ) -> Callable[
+        [Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R | None]]
+    ]:
         """Decorate an ``async def`` to run only if no other call with the same lock name
         is running (anywhere): otherwise the call is skipped and returns None.
 
@@ -282,7 +286,7 @@ class Coordinator:
 
     def locked(
         self, template: str, *, ttl: float = 30.0, timeout: float | None = None
-    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R]]]:
         """Decorate an ``async def`` to run under the lock named by ``template`` (formatted
         with the call's arguments), waiting up to ``timeout`` for it (then
         :class:`~asynclock.LockTimeout`)."""
@@ -547,6 +551,47 @@ def _scheme(url: str) -> str:
     return urlsplit(url).scheme.lower() if "://" in url else ""
 
 
+def _keywords(*functions: Callable[..., Any]) -> set[str]:
+    """The keyword parameters of ``functions``."""
+    names: set[str] = set()
+    for function in functions:
+        names.update(
+            p.name
+            for p in inspect.signature(function).parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        )
+    return names
+
+
+def _check_options(
+    what: str,
+    options: dict[str, Any],
+    ours: Collection[str],
+    theirs: Collection[str] = (),
+    driver: str = "",
+) -> None:
+    """TypeError naming each of ``options`` that is neither ``ours`` (asynclock's) nor
+    ``theirs`` (``driver``'s), with the closest accepted name and every accepted one:
+    otherwise a typo reaches the driver and fails there, in its words."""
+    accepted = {"identity", *ours, *theirs}
+    unknown = sorted(set(options) - accepted)
+    if not unknown:
+        return
+    guesses = [
+        f"{name!r} (did you mean {close[0]!r}?)"
+        if (close := difflib.get_close_matches(name, accepted, n=1))
+        else repr(name)
+        for name in unknown
+    ]
+    listed = f"asynclock's: {', '.join(sorted({'identity', *ours}))}"
+    if theirs:
+        listed += f"; {driver}'s: {', '.join(sorted(set(theirs) - set(ours)))}"
+    raise TypeError(
+        f"unknown option{'s' if len(unknown) > 1 else ''} for {what}: {', '.join(guesses)}"
+        f" (accepted: {listed})"
+    )
+
+
 def _connect_redlock(urls: list[object], options: dict[str, Any]) -> Coordinator:
     for url in urls:
         if not isinstance(url, str):
@@ -556,6 +601,15 @@ def _connect_redlock(urls: list[object], options: dict[str, Any]) -> Coordinator
                 f"Redlock nodes must be redis://, rediss:// or unix:// URLs, got scheme "
                 f"{_scheme(url)!r}"
             )
+    from .backends.redis import backend_options  # noqa: PLC0415 - as for one node
+    from .backends.redlock import RedlockBackend  # noqa: PLC0415 - redis-py loads on first use
+
+    ours = {"node_timeout", *_keywords(RedlockBackend.__init__, RedlockBackend.from_urls)}
+    ours -= {"self", "cls", "clients", "urls"}
+    theirs: set[str] = set()
+    for url in urls:
+        theirs |= backend_options(str(url))[1]
+    _check_options("Redlock", options, ours, theirs, "redis-py")
     identity = options.pop("identity", None)
     backend = RedlockBackend.from_urls([str(url) for url in urls], **options)
     return Coordinator(backend, identity=identity)
@@ -599,16 +653,24 @@ def connect(target: str | Sequence[str], **options: Any) -> Coordinator:
     identity = options.pop("identity", None)
     backend: Backend
     if scheme == "memory":
-        allowed = {"drift_factor", "drift_base"}
-        unknown = set(options) - allowed
-        if unknown:
-            raise TypeError(
-                f"unknown option(s) for memory://: {', '.join(sorted(unknown))} "
-                f"(accepted: identity, {', '.join(sorted(allowed))})"
-            )
+        _check_options("memory://", options, ("drift_factor", "drift_base"))
         backend = MemoryBackend.shared(target.split("://", 1)[1], **options)
     elif scheme in ("postgresql", "postgres"):
+        # Each driver loads when a URL first needs it: Redis users never import asyncpg,
+        # PostgreSQL users never import redis-py.
+        import asyncpg  # noqa: PLC0415 - see above
+
+        from .backends.postgres import PostgresBackend  # noqa: PLC0415 - see above
+
+        ours = _keywords(PostgresBackend.__init__, PostgresBackend.from_dsn) - {"self", "pool"}
+        # What from_dsn() sets itself is not the caller's to pass.
+        theirs = _keywords(asyncpg.create_pool, asyncpg.connect)
+        theirs -= {"dsn", "min_size", "max_size", "reset", "loop", "connect_kwargs"}
+        _check_options(f"{scheme}://", options, ours - {"dsn"}, theirs, "asyncpg")
         backend = PostgresBackend.from_dsn(target, **options)
     else:
+        from .backends.redis import RedisBackend, backend_options  # noqa: PLC0415 - see above
+
+        _check_options(f"{scheme}://", options, *backend_options(target), "redis-py")
         backend = RedisBackend.from_url(target, **options)
     return Coordinator(backend, identity=identity)

@@ -16,7 +16,7 @@ import inspect
 import logging
 import re
 import string
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ._errors import BackendError, LockTimeout
@@ -86,12 +86,14 @@ def _namer(template: str, fn: Callable[..., Any]) -> Namer:
 
 def singleton(
     coord: Coordinator, template: str, *, ttl: float = 60.0
-) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | None]]]:
+) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R | None]]]:
     """Run the function only if nobody else is running it for the same name; otherwise
     skip the call and return None. See :meth:`Coordinator.singleton`."""
     coord.lock("template-check", ttl=ttl)  # rejects a bad ttl now, at decoration
 
-    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R | None]]:
+    def decorate(
+        fn: Callable[P, Coroutine[Any, Any, R]],
+    ) -> Callable[P, Coroutine[Any, Any, R | None]]:
         name_for = _namer(template, fn)
 
         @functools.wraps(fn)
@@ -110,12 +112,12 @@ def singleton(
 
 def locked(
     coord: Coordinator, template: str, *, ttl: float = 30.0, timeout: float | None = None
-) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R]]]:
     """Wait for the lock named from the call's arguments, then run the function. See
     :meth:`Coordinator.locked`."""
     coord.lock("template-check", ttl=ttl, timeout=timeout)  # bad arguments fail now
 
-    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    def decorate(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
         name_for = _namer(template, fn)
 
         @functools.wraps(fn)

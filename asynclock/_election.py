@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ._coordinator import Coordinator
     from .backends.base import LockInfo
 
-__all__ = ("Election", "Term")
+__all__ = ("Election", "Leadership", "Term")
 
 logger = logging.getLogger("asynclock")
 
@@ -85,13 +85,13 @@ class Election:
         self._lock_name = _PREFIX + name
         self._topic = _PREFIX + name
 
-    def leadership(self) -> _Leadership:
+    def leadership(self) -> Leadership:
         """``async with election.leadership() as term:`` waits until this candidate leads.
 
         The body is cancelled if leadership is lost, and the block then raises
         :class:`LeadershipLost`. Leaving the block resigns.
         """
-        return _Leadership(self)
+        return Leadership(self)
 
     async def leader(self) -> str | None:
         """The identity of the current leader, or None (also while the election's lock is
@@ -206,8 +206,14 @@ class Election:
         return f"<Election {self.name!r} identity={self.identity!r} ttl={self.ttl:g}>"
 
 
-class _Leadership:
-    """``election.leadership()``: a lock whose lease is a term."""
+class Leadership:
+    """What :meth:`Election.leadership` returns: ``async with`` it waits until this
+    candidate leads and gives the :class:`Term`; leaving the block resigns.
+
+    Raises :class:`~asynclock.LeadershipLost` from the block when the term is lost (its
+    body is cancelled first), :class:`~asynclock.BackendError` when the server cannot be
+    reached while campaigning.
+    """
 
     __slots__ = ("_election", "_lock", "_terms")
 
@@ -411,13 +417,14 @@ def _parse(message: str) -> tuple[str, int, str] | None:
     return kind, int(term), identity
 
 
-def check_election(name: object, ttl: object, identity: object) -> tuple[str, float, str]:
-    """Validate ``coord.election()``'s arguments; the identity defaulted if None."""
+def check_election(name: object, ttl: object, identity: object) -> tuple[str, float, str | None]:
+    """Validate ``coord.election()``'s arguments; the identity stays None when not given
+    (the coordinator's identity is the default)."""
     name = check_name(name)
     if len(name.encode()) > MAX_NAME_BYTES - len(_PREFIX):
         raise ValueError(
             f"election name must be at most {MAX_NAME_BYTES - len(_PREFIX)} UTF-8 bytes"
         )
     seconds = check_ttl(ttl)
-    who = default_identity() if identity is None else check_name(identity, "identity")
+    who = None if identity is None else check_name(identity, "identity")
     return name, seconds, who

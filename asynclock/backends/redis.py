@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import logging
 import math
 import secrets
@@ -24,9 +25,15 @@ from urllib.parse import unquote, urlsplit
 import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.asyncio.connection import (
+    AbstractConnection,
+    Connection,
+    ConnectionPool,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
@@ -209,6 +216,48 @@ def client_from_url(url: str, *, max_connections: int = 64, **options: Any) -> R
     except RedisError as exc:  # a bad option value: protocol=9, ssl_cert_reqs=bogus
         raise ValueError(f"bad Redis connection option: {exc}") from None
     return Redis.from_pool(pool)
+
+
+def _parameters(*functions: Callable[..., Any]) -> set[str]:
+    """The keyword parameters of ``functions`` (``__init__`` along each class's MRO)."""
+    names: set[str] = set()
+    for function in functions:
+        if isinstance(function, type):
+            chain = [vars(c)["__init__"] for c in function.__mro__ if "__init__" in vars(c)]
+        else:
+            chain = [function]
+        for member in chain:
+            try:
+                parameters = inspect.signature(member).parameters.values()
+            except (TypeError, ValueError):  # a builtin's __init__ (object's)
+                continue
+            names.update(
+                p.name
+                for p in parameters
+                if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            )
+    return names
+
+
+def backend_options(url: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The options a client of ``url`` takes: ``(asynclock's, redis-py's)``.
+
+    Asynclock's are :meth:`RedisBackend.from_url`'s (``max_connections`` and the
+    backend's own); redis-py's are those of the connection (and pool) classes the URL's
+    client is built on: ``Connection``, ``SSLConnection`` or ``UnixDomainSocketConnection``
+    and ``BlockingConnectionPool``; ``Sentinel`` and its connection; ``RedisCluster``.
+    """
+    ours = frozenset({"max_connections", *_BACKEND_OPTIONS})
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "redis+cluster":
+        theirs = _parameters(RedisCluster)
+    elif scheme == "redis+sentinel":
+        theirs = _parameters(Sentinel, SentinelManagedConnection)
+        theirs |= {"sentinel_username", "sentinel_password"}
+    else:
+        connection = {"rediss": SSLConnection, "unix": UnixDomainSocketConnection}
+        theirs = _parameters(BlockingConnectionPool, connection.get(scheme, Connection))
+    return ours, frozenset(theirs - ours)
 
 
 def _hosts(url: str) -> tuple[dict[str, Any], list[tuple[str, int]], str]:
@@ -448,6 +497,22 @@ class RedisBackend(Backend):
     def topic_channel(self, topic: str) -> str:
         """The pub/sub channel of a topic (an election's announcements)."""
         return f"{self._prefix}:{{{topic}}}:news"
+
+    async def run_id(self) -> str:
+        """The server's ``run_id`` (``INFO server``): one per server process, whatever
+        address it was reached by. Raises :class:`BackendError` if it cannot be read."""
+        with self._errors:
+            reply = await self._link.execute("INFO", "server")
+        if isinstance(reply, dict):  # parsed by redis-py
+            found = reply.get("run_id")
+        else:
+            fields = dict(
+                line.partition(":")[::2] for line in _text(reply).splitlines() if ":" in line
+            )
+            found = fields.get("run_id")
+        if not found:
+            raise BackendError(f"{self._where} reported no run_id in INFO server")
+        return str(found)
 
     # -- one node's operations (also the building blocks of Redlock) ------------------
 

@@ -108,6 +108,12 @@ class RedlockBackend(Backend):
         # Per-node requests (stragglers finish here after the outcome was decided) and
         # releases sent to nodes that did not answer.
         self._tasks = TaskSet("Redlock")
+        # Each node's server run_id, learnt when the nodes are first reached: one server
+        # listed under several addresses would count as several votes (see _check_nodes).
+        self._run_ids: list[str | None] = [None] * len(self._nodes)
+        self._learning: asyncio.Task[None] | None = None
+        self._next_look = 0.0
+        self._refusal: ValueError | None = None
 
     @classmethod
     def from_urls(
@@ -126,6 +132,7 @@ class RedlockBackend(Backend):
             if not isinstance(client, Redis):
                 raise TypeError("Redlock nodes are independent Redis servers, not a Cluster")
             clients.append(client)
+        _check_addresses(clients)
         backend = cls(clients, node_timeout=node_timeout, **own)
         backend._owns_clients = True
         return backend
@@ -261,7 +268,50 @@ class RedlockBackend(Backend):
 
     # -- the Backend interface -------------------------------------------------------
 
+    async def _check_nodes(self) -> None:
+        """Refuse to lock over nodes that are one server (the same ``run_id``).
+
+        The first acquire waits for every node's ``INFO server`` (bounded by
+        ``node_timeout``); nodes that did not answer are asked again in the background, at
+        most once a second, and a duplicate found then fails the next acquire. Raises
+        ``ValueError`` naming the nodes that are one server.
+        """
+        if self._refusal is not None:
+            raise self._refusal
+        if None not in self._run_ids:
+            return
+        learning = self._learning
+        first = learning is None
+        if learning is None or (learning.done() and self.clock.now() >= self._next_look):
+            learning = self._learning = self._tasks.spawn(
+                self._learn_run_ids(), name="asynclock-redlock-run-ids", quiet=True
+            )
+        if first:
+            # Shielded: the first acquire's cancel must not stop the others' check.
+            await asyncio.shield(learning)
+            if self._refusal is not None:
+                raise self._refusal
+
+    async def _learn_run_ids(self) -> None:
+        unknown = [i for i, run_id in enumerate(self._run_ids) if run_id is None]
+        replies = await self._each(lambda node: node.run_id(), [self._nodes[i] for i in unknown])
+        for i, reply in zip(unknown, replies, strict=True):
+            if isinstance(reply, str):
+                self._run_ids[i] = reply
+        self._next_look = self.clock.now() + 1.0
+        seen: dict[str, list[str]] = {}
+        for node, run_id in zip(self._nodes, self._run_ids, strict=True):
+            if run_id is not None:
+                seen.setdefault(run_id, []).append(node.describe())
+        shared = [where for where in seen.values() if len(where) > 1]
+        if shared:
+            self._refusal = ValueError(
+                "Redlock needs independent servers, but these nodes are one server (the "
+                f"same run_id): {'; '.join(' = '.join(where) for where in shared)}"
+            )
+
     async def try_acquire(self, claim: Claim, ttl: float, *, wait: float | None = 0.0) -> Attempt:
+        await self._check_nodes()
         # Nodes that fail or answer late are retried a couple of times before QuorumError:
         # under a burst, a Python process can itself be the reason a node "answers" late,
         # and a real outage still fails within a few node timeouts.
@@ -538,6 +588,22 @@ class _Tally:
     def _decide(self) -> None:
         if not self.decided.done():
             self.decided.set_result(None)
+
+
+def _check_addresses(clients: Sequence[Redis]) -> None:
+    """ValueError if two clients connect to one address: one server, several votes."""
+    seen: Counter[str] = Counter()
+    for client in clients:
+        options = client.connection_pool.connection_kwargs
+        path = options.get("path")
+        host = str(options.get("host", "localhost")).lower()
+        seen[f"unix://{path}" if path else f"{host}:{options.get('port', 6379)}"] += 1
+    repeated = [f"{address} ({count} times)" for address, count in seen.items() if count > 1]
+    if repeated:
+        raise ValueError(
+            "Redlock needs independent servers, but a node is listed more than once: "
+            + ", ".join(repeated)
+        )
 
 
 def _refuses(
