@@ -18,7 +18,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ._backoff import Backoff
-from ._errors import BackendError, CoordinatorClosed, LockLost, LockNotOwned, LockTimeout
+from ._errors import (
+    BackendError,
+    CoordinatorClosed,
+    LockError,
+    LockLost,
+    LockNotOwned,
+    LockTimeout,
+)
 from ._validate import check_ttl
 from ._wakeup import WakeSlot
 from .backends.base import Attempt, Claim
@@ -52,6 +59,12 @@ _REDELIVER_MAX = 0.005
 _LATE_GRANT = 0.05
 # What _attempt returns for such a grant: refused, worth trying again at once.
 _LATE = Attempt(None, 0.0)
+
+
+def _name(exc: BaseException, name: str) -> None:
+    """Tell a :class:`LockError` raised by the engine or a backend which lock it is about."""
+    if isinstance(exc, LockError) and exc.name is None:
+        exc.name = name
 
 
 class _State(enum.Enum):
@@ -183,9 +196,13 @@ class Lease:
         self._coord._check_loop()
         while True:  # checked again after waiting: the lease may have ended meanwhile
             if self._state is not _HELD:
-                raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; cannot extend")
+                raise LockNotOwned(
+                    f"lease on {self.name!r} is {self._state.value}; cannot extend", name=self.name
+                )
             if self._ttl_floor == 0.0:
-                raise LockNotOwned(f"lease on {self.name!r} has a release pending; cannot extend")
+                raise LockNotOwned(
+                    f"lease on {self.name!r} has a release pending; cannot extend", name=self.name
+                )
             if not self._renewing:
                 break
             if self._quiet is None:
@@ -203,6 +220,9 @@ class Lease:
         self._begin_request()
         try:
             extended = await backend.extend(self._claim, new_ttl)
+        except LockError as exc:
+            _name(exc, self.name)
+            raise
         finally:
             self._end_request()
             if extended is None and self._state is _HELD and not self._releasing:
@@ -213,14 +233,20 @@ class Lease:
                     self, min(backend.clock.now() + delay, self._valid_until)
                 )
         if self._state is not _HELD:
-            raise LockNotOwned(f"lease on {self.name!r} was {self._state.value} while extending")
+            raise LockNotOwned(
+                f"lease on {self.name!r} was {self._state.value} while extending", name=self.name
+            )
         if self._releasing:
             # A release went out while this extend was on its way and has no answer yet:
             # it decides how the lease ends (its schedule is left as it set it).
-            raise LockNotOwned(f"lease on {self.name!r} has a release pending; not extended")
+            raise LockNotOwned(
+                f"lease on {self.name!r} has a release pending; not extended", name=self.name
+            )
         if not extended:
             self._lose("extend refused: the lock expired or has another holder")
-            raise LockNotOwned(f"lease on {self.name!r} is no longer held; not extended")
+            raise LockNotOwned(
+                f"lease on {self.name!r} is no longer held; not extended", name=self.name
+            )
         self.ttl = new_ttl
         self._confirmed(start, new_ttl)
         self._coord._watchdog.reschedule(self, start + self._interval)
@@ -280,9 +306,13 @@ class Lease:
                 # its retry (once; a call after it is a second release).
                 self._releasing = False
                 return
-            raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; not released")
+            raise LockNotOwned(
+                f"lease on {self.name!r} is {self._state.value}; not released", name=self.name
+            )
         if not await self._release():
-            raise LockNotOwned(f"lease on {self.name!r} was no longer held at release")
+            raise LockNotOwned(
+                f"lease on {self.name!r} was no longer held at release", name=self.name
+            )
         self._releasing = False
 
     async def _release(self) -> bool:
@@ -302,6 +332,7 @@ class Lease:
         try:
             released = await coord.backend.release(self._claim)
         except BaseException as error:
+            _name(error, self.name)
             if isinstance(error, Exception):
                 coord._recorder.release_failed()
             # Unconfirmed: keep the token and the HELD state ("release pending"), stop
@@ -511,6 +542,7 @@ class Lock:
         try:
             return await self._take(claim, began)
         except BaseException as exc:
+            _name(exc, self.name)
             recorder.failed(self.name, exc)
             raise
         finally:
@@ -575,6 +607,23 @@ class Lock:
         valid = self.ttl - backend.drift(self.ttl)
         return valid - (backend.clock.now() - start) - _LATE_GRANT * valid
 
+    def _held_elsewhere(self, *, unanswered: float = 0.0) -> LockTimeout:
+        """The :class:`LockTimeout` of an acquire whose attempts the server refused (the
+        lock had another holder) until the caller's timeout ran out. ``unanswered``: the
+        seconds left for the last attempt, cut short by the deadline."""
+        kind = "holders" if self.shared or self.limit else "holder"
+        within = "" if self.timeout is None else f" within {self.timeout:g}s"
+        last = (
+            f"; the last attempt, sent {unanswered * 1000:.3g} ms before the deadline, "
+            "had no answer yet"
+            if unanswered
+            else ""
+        )
+        return LockTimeout(
+            f"lock {self.name!r} not acquired{within}: held by another {kind}{last}",
+            name=self.name,
+        )
+
     async def _give_back_late(self, claim: Claim, deadline: float | None, late: float) -> None:
         """Release a grant that came too late, now: before another attempt with the same
         claim could be granted (a background release could delete that one). Bounded
@@ -606,13 +655,16 @@ class Lock:
         attempt = await self._attempt(claim, deadline, first=True)
         if attempt.fence is None:
             if timeout == 0:
-                raise LockTimeout(f"lock {self.name!r} is held (timeout=0: tried once)")
+                raise LockTimeout(
+                    f"lock {self.name!r} is held by another holder (timeout=0: tried once)",
+                    name=self.name,
+                )
             if not backend.native_wait and deadline is not None and clock.now() >= deadline:
                 # The first attempt's answer came after the deadline (it is given at least
                 # _FIRST_ANSWER): refused, and no time left to wait. It joined the waiter
                 # queue; leave it.
                 self._coord._leave(claim)
-                raise LockTimeout(f"lock {self.name!r} not acquired within {timeout:g}s")
+                raise self._held_elsewhere()
             if backend.native_wait:
                 # It waited in the server's queue already; only a grant that came too
                 # late (given back) is worth another wait there.
@@ -620,8 +672,7 @@ class Lock:
                     start = clock.now()
                     attempt = await self._attempt(claim, deadline)
                 if attempt.fence is None:
-                    within = "" if timeout is None else f" within {timeout:g}s"
-                    raise LockTimeout(f"lock {self.name!r} not acquired{within}")
+                    raise self._held_elsewhere()
             else:
                 attempt, start = await self._wait(claim, deadline)
         return attempt, start
@@ -707,7 +758,7 @@ class Lock:
                 return attempt, start
             now = clock.now()
             if deadline is not None and now >= deadline:
-                raise LockTimeout(f"lock {self.name!r} not acquired within {self.timeout:g}s")
+                raise self._held_elsewhere()
             pause = retry.delay(tries)
             tries += 1
             if attempt.retry_after is not None:
@@ -718,7 +769,7 @@ class Lock:
                 # Out of time: no attempt with nothing left to wait for its answer. A
                 # wake-up it did not use goes to the next waiter when the slot is left.
                 slot.woken = woken
-                raise LockTimeout(f"lock {self.name!r} not acquired within {self.timeout:g}s")
+                raise self._held_elsewhere()
 
     async def _attempt(
         self, claim: Claim, deadline: float | None, *, first: bool = False
@@ -763,11 +814,18 @@ class Lock:
                 async with own:
                     return await backend.try_acquire(claim, self.ttl, wait=remaining)
             except TimeoutError as exc:
-                if own.expired():
-                    stopped = exc.__cause__
+                if not own.expired():
+                    raise
+                stopped = exc.__cause__
+                if not first and bound < _FIRST_ANSWER:
+                    # An earlier attempt of this acquire was refused, and this one was
+                    # given only what was left of the caller's timeout: the deadline cut
+                    # it short, not a silent server. Contention, not an outage.
+                    raise self._held_elsewhere(unanswered=bound) from None
                 raise LockTimeout(
-                    f"lock {self.name!r} not acquired within {self.timeout:g}s "
-                    f"({backend.describe()} did not answer in time)"
+                    f"lock {self.name!r} not acquired within {self.timeout:g}s: "
+                    f"{backend.describe()} did not answer within {bound:.3g}s",
+                    name=self.name,
                 ) from exc
         except BaseException as exc:
             # The server may have granted the lock before we stopped listening (cancelled,
@@ -839,7 +897,7 @@ class Lock:
         the task back to the count it had on entry.
         """
         error = self._lost_error(
-            f"lease on {self.name!r} (fence {lease.fence}) lost: {lease._reason}"
+            f"lease on {self.name!r} (fence {lease.fence}) lost: {lease._reason}", name=self.name
         )
         cancelled = isinstance(exc, asyncio.CancelledError)
         if not lease._cancels or task is None:
