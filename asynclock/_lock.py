@@ -13,6 +13,7 @@ import logging
 import math
 import secrets
 import time
+import weakref
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -65,6 +66,12 @@ def _name(exc: BaseException, name: str) -> None:
     """Tell a :class:`LockError` raised by the engine or a backend which lock it is about."""
     if isinstance(exc, LockError) and exc.name is None:
         exc.name = name
+
+
+# The leases each task holds inside ``async with``, across every Lock of every coordinator:
+# what re-entry detection looks at (see Lock._check_reentry). Weak: a task that ended
+# leaves nothing behind.
+_entered: weakref.WeakKeyDictionary[asyncio.Task[object], list[Lease]] = weakref.WeakKeyDictionary()
 
 
 class _State(enum.Enum):
@@ -250,6 +257,28 @@ class Lease:
         self.ttl = new_ttl
         self._confirmed(start, new_ttl)
         self._coord._watchdog.reschedule(self, start + self._interval)
+
+    async def owned(self) -> bool:
+        """Ask the server whether it still holds the lock for this lease.
+
+        True if the lock's current holder on the server is this acquisition (its token and
+        fence), False if the lock expired, has another holder, or this lease was released
+        or lost (then without asking). A False answer does not end the lease by itself:
+        the next renewal is refused and marks it lost. Compares nothing locally: unlike
+        :attr:`held` and :attr:`expires_in`, it costs a round trip.
+
+        Raises ``BackendError`` if the server could not be reached, and
+        ``NotImplementedError`` for a shared lease or a semaphore permit on a backend that
+        cannot tell one holder of a shared name from another (only memory can).
+        """
+        self._coord._check_loop()
+        if self._state is not _HELD or self._releasing:
+            return False
+        try:
+            return await self._coord.backend.owns(self._claim, self.fence)
+        except LockError as exc:
+            _name(exc, self.name)
+            raise
 
     def _begin_request(self) -> None:
         """An extend request of this lease leaves (see :attr:`_renewing`)."""
@@ -510,6 +539,7 @@ class Lock:
         """
         coord = self._coord
         coord._check_open()
+        self._check_reentry()
         tracer = coord._recorder.tracer
         if tracer is None:
             return await self._acquire()
@@ -523,6 +553,31 @@ class Lock:
             lease = await self._acquire()
             span.set_attribute("asynclock.lock.fence", lease.fence)
             return lease
+
+    def _check_reentry(self) -> None:
+        """Refuse to wait for a lock the calling task holds inside ``async with``: it would
+        wait for its own lease (until the timeout, or forever). Readers may share, and a
+        task may take several permits of a semaphore; a lease from ``acquire()`` is not
+        tied to a task (it may be handed to another), so it is not checked."""
+        task = asyncio.current_task()
+        leases = None if task is None else _entered.get(task)
+        if not leases:
+            return
+        for lease in leases:
+            claim = lease._claim
+            if (
+                lease._coord is self._coord
+                and claim.name == self.name
+                and lease._state is _HELD
+                and not claim.limit
+                and not self.limit
+                and not (claim.shared and self.shared)
+            ):
+                raise RuntimeError(
+                    f"lock {self.name!r} is already held by this task (fence {lease.fence}, "
+                    "in `async with`): locks are not reentrant, and taking it again would "
+                    "wait for this task's own lease"
+                )
 
     async def _acquire(self) -> Lease:
         coord = self._coord
@@ -849,6 +904,8 @@ class Lock:
         lease._entry_cancelling = task.cancelling() if task is not None else 0
         lease._in_body = True
         self._leases[task] = lease
+        if task is not None:
+            _entered.setdefault(task, []).append(lease)
         return lease
 
     async def __aexit__(
@@ -862,6 +919,12 @@ class Lock:
         if lease is None:
             raise RuntimeError(f"lock {self.name!r} was not entered by this task")
         lease._in_body = False
+        if task is not None:
+            entered = _entered.get(task)
+            if entered is not None:
+                entered.remove(lease)
+                if not entered:
+                    del _entered[task]
         if lease._state is _HELD and not lease._releasing and lease.expires_in <= 0:
             # The body outlived its validity (it blocked the loop, or the watchdog's timer
             # has not run yet): it may have run unprotected, whatever the release says.
