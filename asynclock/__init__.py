@@ -9,6 +9,8 @@
             await charge(invoice, fence=lease.fence)
 """
 
+import logging as _logging
+
 from ._backoff import Backoff as Backoff
 from ._coordinator import Coordinator as Coordinator
 from ._coordinator import connect as connect
@@ -54,6 +56,10 @@ __all__ = (
     "__version__",
     "connect",
 )
+
+# A library logs, the application decides where to: without a handler of its own, a record
+# of a caught error would reach stderr through logging's last-resort handler.
+_logging.getLogger("asynclock").addHandler(_logging.NullHandler())
 
 # Reprs and tracebacks name the public module, not the private one that defines them.
 for _name in __all__:

@@ -19,11 +19,27 @@ __all__ = (
 
 
 class LockError(Exception):
-    """Base class of every error asynclock raises on purpose."""
+    """Base class of every error asynclock raises on purpose.
+
+    ``name`` is the lock (or election) the error is about, or None when it is about no
+    one lock (a backend error outside an acquire, a closed coordinator). Pass it as the
+    keyword argument ``name``; it is kept when the error is pickled.
+    """
+
+    name: str | None
+
+    def __init__(self, *args: object, name: str | None = None) -> None:
+        super().__init__(*args)
+        self.name = name
 
 
 class LockTimeout(LockError, TimeoutError):
-    """The lock could not be acquired before the caller's ``timeout`` ran out."""
+    """The lock could not be acquired before the caller's ``timeout`` ran out.
+
+    The message says why: another holder had it (and who, when the backend knows), or
+    the server did not answer in time (then the ``TimeoutError`` is chained as
+    ``__cause__``). A timeout from contention has no cause.
+    """
 
 
 class LockLost(LockError):

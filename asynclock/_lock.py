@@ -13,12 +13,20 @@ import logging
 import math
 import secrets
 import time
+import weakref
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ._backoff import Backoff
-from ._errors import BackendError, CoordinatorClosed, LockLost, LockNotOwned, LockTimeout
+from ._errors import (
+    BackendError,
+    CoordinatorClosed,
+    LockError,
+    LockLost,
+    LockNotOwned,
+    LockTimeout,
+)
 from ._validate import check_ttl
 from ._wakeup import WakeSlot
 from .backends.base import Attempt, Claim
@@ -52,6 +60,18 @@ _REDELIVER_MAX = 0.005
 _LATE_GRANT = 0.05
 # What _attempt returns for such a grant: refused, worth trying again at once.
 _LATE = Attempt(None, 0.0)
+
+
+def _name(exc: BaseException, name: str) -> None:
+    """Tell a :class:`LockError` raised by the engine or a backend which lock it is about."""
+    if isinstance(exc, LockError) and exc.name is None:
+        exc.name = name
+
+
+# The leases each task holds inside ``async with``, across every Lock of every coordinator:
+# what re-entry detection looks at (see Lock._check_reentry). Weak: a task that ended
+# leaves nothing behind.
+_entered: weakref.WeakKeyDictionary[asyncio.Task[object], list[Lease]] = weakref.WeakKeyDictionary()
 
 
 class _State(enum.Enum):
@@ -183,9 +203,13 @@ class Lease:
         self._coord._check_loop()
         while True:  # checked again after waiting: the lease may have ended meanwhile
             if self._state is not _HELD:
-                raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; cannot extend")
+                raise LockNotOwned(
+                    f"lease on {self.name!r} is {self._state.value}; cannot extend", name=self.name
+                )
             if self._ttl_floor == 0.0:
-                raise LockNotOwned(f"lease on {self.name!r} has a release pending; cannot extend")
+                raise LockNotOwned(
+                    f"lease on {self.name!r} has a release pending; cannot extend", name=self.name
+                )
             if not self._renewing:
                 break
             if self._quiet is None:
@@ -203,6 +227,9 @@ class Lease:
         self._begin_request()
         try:
             extended = await backend.extend(self._claim, new_ttl)
+        except LockError as exc:
+            _name(exc, self.name)
+            raise
         finally:
             self._end_request()
             if extended is None and self._state is _HELD and not self._releasing:
@@ -213,17 +240,45 @@ class Lease:
                     self, min(backend.clock.now() + delay, self._valid_until)
                 )
         if self._state is not _HELD:
-            raise LockNotOwned(f"lease on {self.name!r} was {self._state.value} while extending")
+            raise LockNotOwned(
+                f"lease on {self.name!r} was {self._state.value} while extending", name=self.name
+            )
         if self._releasing:
             # A release went out while this extend was on its way and has no answer yet:
             # it decides how the lease ends (its schedule is left as it set it).
-            raise LockNotOwned(f"lease on {self.name!r} has a release pending; not extended")
+            raise LockNotOwned(
+                f"lease on {self.name!r} has a release pending; not extended", name=self.name
+            )
         if not extended:
             self._lose("extend refused: the lock expired or has another holder")
-            raise LockNotOwned(f"lease on {self.name!r} is no longer held; not extended")
+            raise LockNotOwned(
+                f"lease on {self.name!r} is no longer held; not extended", name=self.name
+            )
         self.ttl = new_ttl
         self._confirmed(start, new_ttl)
         self._coord._watchdog.reschedule(self, start + self._interval)
+
+    async def owned(self) -> bool:
+        """Ask the server whether it still holds the lock for this lease.
+
+        True if the lock's current holder on the server is this acquisition (its token and
+        fence), False if the lock expired, has another holder, or this lease was released
+        or lost (then without asking). A False answer does not end the lease by itself:
+        the next renewal is refused and marks it lost. Compares nothing locally: unlike
+        :attr:`held` and :attr:`expires_in`, it costs a round trip.
+
+        Raises ``BackendError`` if the server could not be reached, and
+        ``NotImplementedError`` for a shared lease or a semaphore permit on a backend that
+        cannot tell one holder of a shared name from another (only memory can).
+        """
+        self._coord._check_loop()
+        if self._state is not _HELD or self._releasing:
+            return False
+        try:
+            return await self._coord.backend.owns(self._claim, self.fence)
+        except LockError as exc:
+            _name(exc, self.name)
+            raise
 
     def _begin_request(self) -> None:
         """An extend request of this lease leaves (see :attr:`_renewing`)."""
@@ -280,9 +335,13 @@ class Lease:
                 # its retry (once; a call after it is a second release).
                 self._releasing = False
                 return
-            raise LockNotOwned(f"lease on {self.name!r} is {self._state.value}; not released")
+            raise LockNotOwned(
+                f"lease on {self.name!r} is {self._state.value}; not released", name=self.name
+            )
         if not await self._release():
-            raise LockNotOwned(f"lease on {self.name!r} was no longer held at release")
+            raise LockNotOwned(
+                f"lease on {self.name!r} was no longer held at release", name=self.name
+            )
         self._releasing = False
 
     async def _release(self) -> bool:
@@ -302,6 +361,7 @@ class Lease:
         try:
             released = await coord.backend.release(self._claim)
         except BaseException as error:
+            _name(error, self.name)
             if isinstance(error, Exception):
                 coord._recorder.release_failed()
             # Unconfirmed: keep the token and the HELD state ("release pending"), stop
@@ -479,6 +539,7 @@ class Lock:
         """
         coord = self._coord
         coord._check_open()
+        self._check_reentry()
         tracer = coord._recorder.tracer
         if tracer is None:
             return await self._acquire()
@@ -492,6 +553,31 @@ class Lock:
             lease = await self._acquire()
             span.set_attribute("asynclock.lock.fence", lease.fence)
             return lease
+
+    def _check_reentry(self) -> None:
+        """Refuse to wait for a lock the calling task holds inside ``async with``: it would
+        wait for its own lease (until the timeout, or forever). Readers may share, and a
+        task may take several permits of a semaphore; a lease from ``acquire()`` is not
+        tied to a task (it may be handed to another), so it is not checked."""
+        task = asyncio.current_task()
+        leases = None if task is None else _entered.get(task)
+        if not leases:
+            return
+        for lease in leases:
+            claim = lease._claim
+            if (
+                lease._coord is self._coord
+                and claim.name == self.name
+                and lease._state is _HELD
+                and not claim.limit
+                and not self.limit
+                and not (claim.shared and self.shared)
+            ):
+                raise RuntimeError(
+                    f"lock {self.name!r} is already held by this task (fence {lease.fence}, "
+                    "in `async with`): locks are not reentrant, and taking it again would "
+                    "wait for this task's own lease"
+                )
 
     async def _acquire(self) -> Lease:
         coord = self._coord
@@ -511,6 +597,7 @@ class Lock:
         try:
             return await self._take(claim, began)
         except BaseException as exc:
+            _name(exc, self.name)
             recorder.failed(self.name, exc)
             raise
         finally:
@@ -575,6 +662,23 @@ class Lock:
         valid = self.ttl - backend.drift(self.ttl)
         return valid - (backend.clock.now() - start) - _LATE_GRANT * valid
 
+    def _held_elsewhere(self, *, unanswered: float = 0.0) -> LockTimeout:
+        """The :class:`LockTimeout` of an acquire whose attempts the server refused (the
+        lock had another holder) until the caller's timeout ran out. ``unanswered``: the
+        seconds left for the last attempt, cut short by the deadline."""
+        kind = "holders" if self.shared or self.limit else "holder"
+        within = "" if self.timeout is None else f" within {self.timeout:g}s"
+        last = (
+            f"; the last attempt, sent {unanswered * 1000:.3g} ms before the deadline, "
+            "had no answer yet"
+            if unanswered
+            else ""
+        )
+        return LockTimeout(
+            f"lock {self.name!r} not acquired{within}: held by another {kind}{last}",
+            name=self.name,
+        )
+
     async def _give_back_late(self, claim: Claim, deadline: float | None, late: float) -> None:
         """Release a grant that came too late, now: before another attempt with the same
         claim could be granted (a background release could delete that one). Bounded
@@ -606,13 +710,16 @@ class Lock:
         attempt = await self._attempt(claim, deadline, first=True)
         if attempt.fence is None:
             if timeout == 0:
-                raise LockTimeout(f"lock {self.name!r} is held (timeout=0: tried once)")
+                raise LockTimeout(
+                    f"lock {self.name!r} is held by another holder (timeout=0: tried once)",
+                    name=self.name,
+                )
             if not backend.native_wait and deadline is not None and clock.now() >= deadline:
                 # The first attempt's answer came after the deadline (it is given at least
                 # _FIRST_ANSWER): refused, and no time left to wait. It joined the waiter
                 # queue; leave it.
                 self._coord._leave(claim)
-                raise LockTimeout(f"lock {self.name!r} not acquired within {timeout:g}s")
+                raise self._held_elsewhere()
             if backend.native_wait:
                 # It waited in the server's queue already; only a grant that came too
                 # late (given back) is worth another wait there.
@@ -620,8 +727,7 @@ class Lock:
                     start = clock.now()
                     attempt = await self._attempt(claim, deadline)
                 if attempt.fence is None:
-                    within = "" if timeout is None else f" within {timeout:g}s"
-                    raise LockTimeout(f"lock {self.name!r} not acquired{within}")
+                    raise self._held_elsewhere()
             else:
                 attempt, start = await self._wait(claim, deadline)
         return attempt, start
@@ -707,7 +813,7 @@ class Lock:
                 return attempt, start
             now = clock.now()
             if deadline is not None and now >= deadline:
-                raise LockTimeout(f"lock {self.name!r} not acquired within {self.timeout:g}s")
+                raise self._held_elsewhere()
             pause = retry.delay(tries)
             tries += 1
             if attempt.retry_after is not None:
@@ -718,7 +824,7 @@ class Lock:
                 # Out of time: no attempt with nothing left to wait for its answer. A
                 # wake-up it did not use goes to the next waiter when the slot is left.
                 slot.woken = woken
-                raise LockTimeout(f"lock {self.name!r} not acquired within {self.timeout:g}s")
+                raise self._held_elsewhere()
 
     async def _attempt(
         self, claim: Claim, deadline: float | None, *, first: bool = False
@@ -763,11 +869,18 @@ class Lock:
                 async with own:
                     return await backend.try_acquire(claim, self.ttl, wait=remaining)
             except TimeoutError as exc:
-                if own.expired():
-                    stopped = exc.__cause__
+                if not own.expired():
+                    raise
+                stopped = exc.__cause__
+                if not first and bound < _FIRST_ANSWER:
+                    # An earlier attempt of this acquire was refused, and this one was
+                    # given only what was left of the caller's timeout: the deadline cut
+                    # it short, not a silent server. Contention, not an outage.
+                    raise self._held_elsewhere(unanswered=bound) from None
                 raise LockTimeout(
-                    f"lock {self.name!r} not acquired within {self.timeout:g}s "
-                    f"({backend.describe()} did not answer in time)"
+                    f"lock {self.name!r} not acquired within {self.timeout:g}s: "
+                    f"{backend.describe()} did not answer within {bound:.3g}s",
+                    name=self.name,
                 ) from exc
         except BaseException as exc:
             # The server may have granted the lock before we stopped listening (cancelled,
@@ -791,6 +904,8 @@ class Lock:
         lease._entry_cancelling = task.cancelling() if task is not None else 0
         lease._in_body = True
         self._leases[task] = lease
+        if task is not None:
+            _entered.setdefault(task, []).append(lease)
         return lease
 
     async def __aexit__(
@@ -804,6 +919,12 @@ class Lock:
         if lease is None:
             raise RuntimeError(f"lock {self.name!r} was not entered by this task")
         lease._in_body = False
+        if task is not None:
+            entered = _entered.get(task)
+            if entered is not None:
+                entered.remove(lease)
+                if not entered:
+                    del _entered[task]
         if lease._state is _HELD and not lease._releasing and lease.expires_in <= 0:
             # The body outlived its validity (it blocked the loop, or the watchdog's timer
             # has not run yet): it may have run unprotected, whatever the release says.
@@ -839,7 +960,7 @@ class Lock:
         the task back to the count it had on entry.
         """
         error = self._lost_error(
-            f"lease on {self.name!r} (fence {lease.fence}) lost: {lease._reason}"
+            f"lease on {self.name!r} (fence {lease.fence}) lost: {lease._reason}", name=self.name
         )
         cancelled = isinstance(exc, asyncio.CancelledError)
         if not lease._cancels or task is None:

@@ -288,6 +288,22 @@ class Backend(abc.ABC):
     async def inspect(self, name: str) -> LockInfo | None:
         """The current holder of ``name``, or None if it is free."""
 
+    async def owns(self, claim: Claim, fence: int) -> bool:
+        """True if the server holds ``claim``'s lock for the acquisition granted ``fence``.
+
+        Read-only. The default asks :meth:`inspect`: the holder it reports must carry this
+        claim's identity and this fence (fences are unique per acquisition of a name).
+        That names one holder only, so a backend where several hold one name (readers,
+        semaphore permits) overrides this or raises ``NotImplementedError`` for them.
+        """
+        if claim.shared or claim.limit:
+            raise NotImplementedError(
+                f"{type(self).__name__} cannot tell whether a shared lease or permit is still "
+                "held; only an exclusive one"
+            )
+        info = await self.inspect(claim.name)
+        return info is not None and info.fence == fence and info.owner == owner_of(claim.value)
+
     @abc.abstractmethod
     def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
         """A wake-up slot for a task about to wait for ``name``.

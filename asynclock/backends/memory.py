@@ -225,6 +225,11 @@ class MemoryBackend(Backend):
                 table.hub.notify_one(claim.name)
         return True
 
+    async def owns(self, claim: Claim, fence: int) -> bool:
+        holders = self._holders(claim, self.clock.now())
+        holder = None if holders is None else holders.get(claim.value)
+        return holder is not None and holder.fence == fence
+
     async def inspect(self, name: str) -> LockInfo | None:
         now = self.clock.now()
         holders = self._table.live(name, now)
