@@ -869,14 +869,13 @@ class Lock:
                 async with own:
                     return await backend.try_acquire(claim, self.ttl, wait=remaining)
             except TimeoutError as exc:
-                if not own.expired():
-                    raise
-                stopped = exc.__cause__
-                if not first and bound < _FIRST_ANSWER:
-                    # An earlier attempt of this acquire was refused, and this one was
-                    # given only what was left of the caller's timeout: the deadline cut
-                    # it short, not a silent server. Contention, not an outage.
-                    raise self._held_elsewhere(unanswered=bound) from None
+                if own.expired():
+                    stopped = exc.__cause__
+                    if not first and bound < _FIRST_ANSWER:
+                        # An earlier attempt of this acquire was refused, and this one was
+                        # given only what was left of the caller's timeout: the deadline
+                        # cut it short, not a silent server. Contention, not an outage.
+                        raise self._held_elsewhere(unanswered=bound) from None
                 raise LockTimeout(
                     f"lock {self.name!r} not acquired within {self.timeout:g}s: "
                     f"{backend.describe()} did not answer within {bound:.3g}s",
