@@ -21,6 +21,25 @@ PROGRAMS = [block for block in BLOCKS if "asyncio.run(" in block]
 FRAGMENTS = [block for block in BLOCKS if "asyncio.run(" not in block]
 
 
+def test_programs_type_check(tmp_path: Path) -> None:
+    """Every complete program passes ``mypy --strict``, as a user's file would (one run
+    over all of them: a program is a module of its own)."""
+    from mypy import api  # noqa: PLC0415 - a test extra, only this test needs it
+
+    for index, program in enumerate(PROGRAMS):
+        (tmp_path / f"readme_program_{index}.py").write_text(program)
+    out, err, status = api.run(
+        [
+            "--strict",
+            "--no-incremental",
+            "--cache-dir",
+            os.devnull,
+            *(str(path) for path in sorted(tmp_path.glob("*.py"))),
+        ]
+    )
+    assert status == 0, out + err
+
+
 def test_readme_has_examples() -> None:
     """The README shows complete programs and fragments."""
     assert len(PROGRAMS) >= 2
