@@ -556,9 +556,10 @@ class Lock:
 
     def _check_reentry(self) -> None:
         """Refuse to wait for a lock the calling task holds inside ``async with``: it would
-        wait for its own lease (until the timeout, or forever). Readers may share, and a
-        task may take several permits of a semaphore; a lease from ``acquire()`` is not
-        tied to a task (it may be handed to another), so it is not checked."""
+        wait for its own lease (until the timeout, or forever). A reader too: behind a
+        waiting writer (writer preference) it would wait for that writer, which waits for
+        it. A task may take several permits of a semaphore; a lease from ``acquire()`` is
+        not tied to a task (it may be handed to another), so it is not checked."""
         task = asyncio.current_task()
         leases = None if task is None else _entered.get(task)
         if not leases:
@@ -571,7 +572,6 @@ class Lock:
                 and lease._state is _HELD
                 and not claim.limit
                 and not self.limit
-                and not (claim.shared and self.shared)
             ):
                 raise RuntimeError(
                     f"lock {self.name!r} is already held by this task (fence {lease.fence}, "

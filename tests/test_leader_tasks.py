@@ -170,6 +170,32 @@ class TestFastAPILeaderTasks:
             assert "bug in the job" in caplog.text
             assert await locks.coordinator.election("jobs").leader() is None
 
+    async def test_a_startup_that_fails_at_once_leaves_the_tasks_stopped(
+        self, url: str, namespace: str
+    ) -> None:
+        """The app's own lifespan raises right after the integration's started the leader
+        tasks (before they ran a step): after shutdown every task says "stopped"."""
+        locks = FastAPILocks(url, prefix=namespace)
+
+        async def job(term: Term) -> None:
+            await asyncio.Event().wait()
+
+        locks.leader_task("jobs", job)
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            async with locks.lifespan(app):
+                raise RuntimeError("database unreachable at startup")
+            yield  # pragma: no cover - a generator, never reached
+
+        app = FastAPI(lifespan=lifespan)
+        with pytest.raises(RuntimeError, match="database unreachable"):
+            async with running(app):
+                pass  # pragma: no cover
+        status = locks.leader_status()["jobs"]
+        assert (status.state, status.running) == ("stopped", False), status
+        assert "shut down" in status.detail
+
     async def test_a_job_that_returns_does_not_spin(self, url: str, namespace: str) -> None:
         """A job that returns at once runs once per backoff pause (not every 50 ms)."""
         locks = FastAPILocks(url, prefix=namespace)
@@ -301,8 +327,9 @@ class TestTwoReplicas:
     async def test_a_job_failing_in_both_replicas_runs_again(
         self, url: str, namespace: str, tmp_path: Path
     ) -> None:
-        """Two uvicorn replicas whose job raises once in each: the job runs again within
-        the default backoff, and /leaders shows one leading, the error in both."""
+        """Two uvicorn replicas whose job raises the first time it runs in each: the job
+        runs again within the default backoff, and /leaders shows one leading and the
+        error in each replica that ran it."""
         script = tmp_path / "replica.py"
         script.write_text(REPLICA)
         ports = {label: free_port() for label in ("a", "b")}
@@ -338,17 +365,24 @@ class TestTwoReplicas:
                 # Generous deadlines: starting Python with FastAPI on a busy machine is slow.
                 seen = await until(lambda seen: len(seen) == 2, within=60)
                 assert len(seen) == 2, f"replicas did not answer: {seen}"
-                # Both replicas failed once; the job then runs for good in one.
-                seen = await until(lambda seen: runs(seen) >= 3, within=30)
-                assert runs(seen) >= 3, seen
+
+                # The first leader's job fails once; the job then runs again (in either
+                # replica: the other one may not be campaigning yet) and stays running.
+                def settled(seen: dict[str, Seen]) -> bool:
+                    leading = [s for s in seen.values() if task_of(s)["state"] == "leading"]
+                    return runs(seen) >= 2 and len(leading) == 1
+
+                seen = await until(settled, within=30)
+                assert settled(seen), seen
                 tasks = {label: task_of(s) for label, s in seen.items()}
                 assert sorted(str(t["state"]) for t in tasks.values()) in (
                     ["campaigning", "leading"],
                     ["backing_off", "leading"],
                 ), tasks
-                for status in tasks.values():
+                for label, status in tasks.items():
                     assert status["running"] is True
-                    assert status["error"] == "ConnectionError: Too many connections"
+                    if int(str(seen[label]["runs"])) >= 1:  # it failed once: it says so
+                        assert status["error"] == "ConnectionError: Too many connections"
         finally:
             for proc in procs:
                 if proc.returncode is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.conftest import MakeCoord
@@ -36,3 +38,20 @@ class TestReentry:
                 await coord.lock("r", ttl=30, timeout=None).acquire()
         async with coord.lock("r", ttl=30, timeout=0):  # free again once left
             pass
+
+    async def test_a_reader_taking_its_read_lock_again_raises(self, make_coord: MakeCoord) -> None:
+        """A reader inside ``async with`` taking the same read lock again gets the
+        re-entry error: behind a waiting writer it would wait for the writer, which waits
+        for it."""
+        coord = make_coord()
+        if not coord.backend.supports_shared:
+            pytest.skip("no shared leases on this backend")
+        rw = coord.rwlock("doc", ttl=30)
+        async with rw.read():
+            writer = asyncio.create_task(coord.rwlock("doc", ttl=30, timeout=5).write().acquire())
+            await asyncio.sleep(0.05)  # the writer queues (the refusal needs no waiting)
+            with pytest.raises(RuntimeError, match="already held by this task"):
+                async with coord.rwlock("doc", ttl=30, timeout=1).read():
+                    pass  # pragma: no cover - never entered
+        lease = await asyncio.wait_for(writer, 10)
+        await lease.release()

@@ -382,9 +382,18 @@ class _LeaderRunner:
         self._terms = self._failures = 0
         self._error = None
         self.campaigning()
-        return asyncio.get_running_loop().create_task(
+        task = asyncio.get_running_loop().create_task(
             self._main(election), name=f"asynclock-leader:{spec.name}"
         )
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The task is done: it says "stopped" even if it was cancelled before its first
+        step (an app whose startup failed right after starting it), when _main's own
+        handlers never ran."""
+        if self._state != "stopped":
+            self._stop("stopped: the app shut down" if task.cancelled() else "stopped")
 
     async def _main(self, election: Election) -> None:
         spec = self.spec
