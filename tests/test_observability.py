@@ -98,8 +98,8 @@ OTEL_SCRIPT = textwrap.dedent(
                 async with coord.lock("job:42", ttl=5):
                     pass
             async with coord.lock("job:42", ttl=5):
-                try:
-                    await coord.lock("job:42", timeout=0).acquire()
+                try:  # another task's acquire (this one's would be a re-entry)
+                    await asyncio.create_task(coord.lock("job:42", timeout=0).acquire())
                 except asynclock.LockTimeout:
                     pass
 
