@@ -746,6 +746,7 @@ class TestSecrets:
             await add_acl_user(server)
         urls = [user_url(server) for server in servers]
         wrong = user_url(servers[0], password=WRONG_PASSWORD)
+        wrong_too = user_url(servers[1], password=WRONG_PASSWORD)  # Redlock: another node
         closed = f"redis://asynclock:{PASSWORD}@127.0.0.1:{free_port()}/0"
         texts: list[str] = []
 
@@ -763,9 +764,9 @@ class TestSecrets:
                     texts.append(await expect_error(BackendError, failing.lock("x").acquire()))
                     texts.append(await expect_error(BackendError, failing.inspect("x")))
                 texts.append(await acli("inspect", "x", "--url", target))
-            async with asynclock.connect([wrong, wrong, closed]) as failing:
+            async with asynclock.connect([wrong, wrong_too, closed]) as failing:
                 texts.append(await expect_error(QuorumError, failing.lock("x").acquire()))
-            texts.append(await acli("inspect", "x", "--url", f"{wrong},{wrong},{closed}"))
+            texts.append(await acli("inspect", "x", "--url", f"{wrong},{wrong_too},{closed}"))
 
             # One Redlock node dies: still a majority. A second: QuorumError.
             servers[2].kill()
