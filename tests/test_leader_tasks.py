@@ -182,11 +182,14 @@ class TestFastAPILeaderTasks:
 
         locks.leader_task("jobs", job)
 
+        async def check_database() -> None:
+            raise RuntimeError("database unreachable at startup")
+
         @contextlib.asynccontextmanager
         async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             async with locks.lifespan(app):
-                raise RuntimeError("database unreachable at startup")
-            yield  # pragma: no cover - a generator, never reached
+                await check_database()
+            yield  # pragma: no cover - never reached: the check raises
 
         app = FastAPI(lifespan=lifespan)
         with pytest.raises(RuntimeError, match="database unreachable"):
