@@ -125,6 +125,19 @@ logger = logging.getLogger("asynclock.postgres")
 # process resumes with the server's goodbye and a heartbeat due in the same instant).
 _CONFUSED = asyncpg.exceptions._base.InternalClientError
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, _CONFUSED, OSError)
+
+
+def _unusable(proxy: Any) -> bool:
+    """Whether a pool connection can no longer be used: closed, or already released to
+    the pool (a terminated connection is released at once, while its termination
+    listeners run a moment later; asyncpg refuses every call on it, ``is_closed()``
+    included, with InterfaceError)."""
+    try:
+        return bool(proxy.is_closed())
+    except asyncpg.InterfaceError:
+        return True
+
+
 # The session is gone (or unusable): its locks went with it.
 _SESSION_GONE = (
     asyncpg.PostgresConnectionError,
@@ -1407,7 +1420,7 @@ class PostgresBackend(Backend):
             if not listeners:
                 self._listeners.pop(channel, None)
                 conn = self._listen_conn
-                if conn is not None and not conn.is_closed():
+                if conn is not None and not _unusable(conn):
                     with contextlib.suppress(*_DRIVER_ERRORS):
                         await self._on_listening(
                             conn, conn.remove_listener(channel, self._on_notify)
@@ -1417,7 +1430,7 @@ class PostgresBackend(Backend):
 
     async def _listening(self) -> Any:
         """The connection that LISTENs, taken out of the pool while anyone listens."""
-        if self._listen_conn is None or self._listen_conn.is_closed():
+        if self._listen_conn is None or _unusable(self._listen_conn):
             with self._errors:
                 conn = await self._pool_acquire()
             conn.add_termination_listener(self._on_listen_lost)
