@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import difflib
 import inspect
+import itertools
 import logging
+import weakref
 from collections.abc import Callable, Collection, Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
@@ -74,7 +76,11 @@ class Coordinator:
             check_name(identity, "identity")
         self._backend = backend
         self.identity = identity or default_identity()
-        self._held: dict[Lease, None] = {}
+        # The leases held now, by a key of their own, in grant order. Weak: a lease the
+        # application dropped without releasing it is collected, and its lock given back
+        # (Lease.__del__ and _release_dropped).
+        self._held: dict[int, weakref.ref[Lease]] = {}
+        self._keys = itertools.count()
         self._tasks = TaskSet(f"coordinator {self.identity!r}")
         # Wake-up slots of this coordinator's waiting acquires, and the mailboxes of its
         # elections' observers: woken by aclose().
@@ -309,7 +315,7 @@ class Coordinator:
     @property
     def held(self) -> list[Lease]:
         """The leases this coordinator holds now."""
-        return list(self._held)
+        return [lease for ref in list(self._held.values()) if (lease := ref()) is not None]
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -332,7 +338,7 @@ class Coordinator:
             self._closed = True
             self._shut.set()
             me = asyncio.current_task()
-            for lease in list(self._held):
+            for lease in self.held:
                 if lease._in_body and lease._task is me:
                     lease._end_by_own_close()  # its body is the caller: nothing to cancel
                 else:
@@ -417,20 +423,40 @@ class Coordinator:
             )
 
     def _hold(self, lease: Lease, start: float) -> None:
-        self._held[lease] = None
+        key = lease._key = next(self._keys)
+        self._held[key] = weakref.ref(lease)
         self._watchdog.watch(lease, start)
 
     def _hold_lost(self, claim: Claim) -> None:
         """The backend knows ``claim``'s hold on the server ended: lose its lease (the
         body is cancelled, as on any loss). Rare, so a scan of the held leases."""
-        for lease in self._held:
+        for lease in self.held:
             if lease._claim is claim:
                 lease._lose("the server ended the session that held the lock")
                 return
 
     def _forget(self, lease: Lease) -> None:
-        self._held.pop(lease, None)
+        self._held.pop(lease._key, None)
         self._watchdog.forget(lease)
+
+    def _release_dropped(
+        self, key: int, claim: Claim, ttl: float, fence: int, watched: bool
+    ) -> None:
+        """A lease still held was garbage-collected (the application dropped it without
+        releasing it): count it released and give its lock back in the background. Called
+        soon after, in the coordinator's loop (the collection may run in any thread)."""
+        if self._held.pop(key, None) is None:
+            return
+        if watched:
+            self._watchdog.dropped()
+        self._recorder.released(claim.name, fence)
+        logger.warning(
+            "a lease on %r was dropped without release(): its lock is released now "
+            "(release it, or use 'async with')",
+            claim.name,
+        )
+        if not self._closed:
+            self._discard(claim, ttl)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
         """Run a background task that aclose() waits for (bounded); none once aclose()

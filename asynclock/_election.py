@@ -109,7 +109,8 @@ class Election:
         """The current leader (None when there is none), then each change, in order.
 
         Survives connection losses and server restarts: while the backend cannot be
-        reached it keeps looking again with the election's backoff, and resumes from the
+        reached it keeps looking again with the election's backoff (on the coordinator's
+        clock, as every wait of an election: a ``ManualClock`` moves it), and resumes from the
         leader it finds then. Only the first look raises :class:`BackendError` (nothing
         to observe from yet).
         """
@@ -176,7 +177,7 @@ class Election:
                 logger.warning(
                     "observing election %r: %s; looking again in %.2fs", self.name, exc, delay
                 )
-                await asyncio.sleep(delay)
+                await sleep_on(self._coord.backend.clock, delay)
 
     async def run(self, callback: Callable[[Term], Awaitable[object]]) -> NoReturn:
         """Campaign forever: lead, call ``callback(term)`` while leading, campaign again.

@@ -13,6 +13,7 @@ import logging
 import math
 import secrets
 import time
+import warnings
 import weakref
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -95,6 +96,7 @@ class Lease:
     """
 
     __slots__ = (
+        "__weakref__",
         "_cancel_on_lost",
         "_cancels",
         "_claim",
@@ -103,6 +105,7 @@ class Lease:
         "_failures",
         "_in_body",
         "_interval",
+        "_key",
         "_quiet",
         "_reason",
         "_releasing",
@@ -149,6 +152,7 @@ class Lease:
         self._cancels = 0  # cancels sent to that task because the lease was lost
         # Watchdog bookkeeping (asynclock._watchdog).
         self._seq = -1
+        self._key = -1  # the coordinator's key for it while held (Coordinator._hold)
         # True while an extend request (the watchdog's renewal or extend()) is in flight:
         # one at a time, so that the last reply is from the request the server ran last.
         self._renewing = False
@@ -463,6 +467,37 @@ class Lease:
         report), and its lock is given back with the rest of the close."""
         if self._end(_RELEASED):
             self._coord._discard(self._claim, self.ttl)
+
+    def __del__(self) -> None:
+        # Dropped while held, without release(): nothing references the lease but the
+        # coordinator's weak references, so nothing can release it any more. Give its
+        # lock back (in the coordinator's loop: this may run in any thread, during a
+        # garbage collection) and warn, as asyncio does for a transport never closed.
+        if self._state is not _HELD or self._releasing or self._key < 0:
+            return
+        coord = self._coord
+        loop = coord._loop
+        try:
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(
+                    coord._release_dropped,
+                    self._key,
+                    self._claim,
+                    self.ttl,
+                    self.fence,
+                    self._seq >= 0,
+                )
+        except RuntimeError:  # the loop closed meanwhile: the server's TTL ends the lock
+            pass
+        # Last: with warnings turned into errors, this raises (and is reported as an
+        # exception ignored in __del__), after the lock was given back.
+        warnings.warn(
+            f"a lease on {self.name!r} was dropped while held, without release(): "
+            "its lock is released now; release it, or use 'async with'",
+            ResourceWarning,
+            source=self,
+            stacklevel=1,
+        )
 
     def __repr__(self) -> str:
         held = self._state is _HELD

@@ -10,6 +10,9 @@ A renewal refused by the server loses the lease at once. A renewal that fails (n
 timeout) is retried with the lease's backoff until its local validity ends; the validity
 deadline is itself a heap entry, so a renewal that hangs on a frozen server cannot keep
 a lease alive past it.
+
+The heap references leases weakly: a lease the application dropped without releasing it
+is not kept alive (and renewed) by its schedule (see ``Lease.__del__``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import heapq
 import itertools
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -44,7 +48,8 @@ class Watchdog:
     """Schedules renewals and validity deadlines for a coordinator's leases.
 
     Each watched lease has exactly one current heap entry, identified by ``lease._seq``;
-    older entries of the lease are stale and skipped when popped.
+    older entries of the lease, and entries of a lease that was collected, are stale and
+    skipped when popped.
     """
 
     def __init__(self, backend: Backend, spawn: Callable[..., None], recorder: Recorder) -> None:
@@ -52,7 +57,7 @@ class Watchdog:
         self._recorder = recorder
         self._clock = backend.clock
         self._spawn = spawn
-        self._heap: list[tuple[float, int, Lease]] = []
+        self._heap: list[tuple[float, int, weakref.ref[Lease]]] = []
         self._seq = itertools.count()
         self._timer: Timer | None = None
         self._timer_at = float("inf")
@@ -87,11 +92,15 @@ class Watchdog:
         if lease._seq < 0:
             return
         lease._seq = -1
+        self.dropped()
+
+    def dropped(self) -> None:
+        """A watched lease left the schedule (released, lost, or collected)."""
         self._live -= 1
         heap = self._heap
         if not self._firing and len(heap) > max(_COMPACT_MIN, _COMPACT_FACTOR * self._live):
             # Released leases leave entries behind; drop them before they pile up.
-            heap[:] = [entry for entry in heap if entry[2]._seq == entry[1]]
+            heap[:] = [entry for entry in heap if _current(entry) is not None]
             heapq.heapify(heap)
 
     def close(self) -> None:
@@ -106,7 +115,7 @@ class Watchdog:
 
     def _push(self, lease: Lease, when: float) -> None:
         seq = lease._seq = next(self._seq)
-        heapq.heappush(self._heap, (when, seq, lease))
+        heapq.heappush(self._heap, (when, seq, weakref.ref(lease)))
         if when < self._timer_at:
             self._arm(when)
 
@@ -128,9 +137,8 @@ class Watchdog:
         self._firing = True
         try:
             while heap and heap[0][0] <= now + _COALESCE:
-                entry = heapq.heappop(heap)
-                lease = entry[2]
-                if lease._seq != entry[1]:
+                lease = _current(heapq.heappop(heap))
+                if lease is None:
                     continue  # stale
                 if now >= lease._valid_until:
                     lease._lose("not renewed before its local validity ran out")
@@ -209,3 +217,11 @@ class Watchdog:
                 delay = lease._retry.delay(lease._failures)
                 lease._failures += 1
                 self._push(lease, min(now + delay, lease._valid_until))
+
+
+def _current(entry: tuple[float, int, weakref.ref[Lease]]) -> Lease | None:
+    """The lease of a heap entry that is its current one, or None for a stale entry."""
+    lease = entry[2]()
+    if lease is None or lease._seq != entry[1]:
+        return None
+    return lease

@@ -113,6 +113,22 @@ class TestConnectMistakes:
         assert "identity" in message
         assert "AbstractConnection" not in message
 
+    async def test_sentinel_kwargs_are_merged_with_the_sentinel_options(self) -> None:
+        """``sentinel_kwargs`` (redis-py's options for the sentinels themselves) is
+        accepted and used beside the URL's, not passed twice to redis-py."""
+        coord = asynclock.connect(
+            "redis+sentinel://s:pw@127.0.0.1:26379/main",
+            sentinel_kwargs={"socket_timeout": 0.25},
+            socket_timeout=2,
+        )
+        try:
+            sentinel = coord.backend.client.connection_pool.asynclock_sentinel  # type: ignore[attr-defined]
+            assert sentinel.sentinel_kwargs["socket_timeout"] == 0.25
+        finally:
+            await coord.aclose()
+        with pytest.raises(TypeError, match="sentinel_kwargs must be a dict, got int"):
+            asynclock.connect("redis+sentinel://127.0.0.1:26379/main", sentinel_kwargs=5)
+
     def test_redlock_refuses_one_address_listed_twice(self) -> None:
         """Redlock over one address listed more than once is refused at connect()."""
         urls = ["redis://127.0.0.1:6379/0", "redis://LOCALHOST:6380/0", "redis://127.0.0.1:6379/1"]

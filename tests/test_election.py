@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 import asynclock
-from asynclock import LeadershipLost, Term
+from asynclock import BackendError, Backoff, LeadershipLost, Term
 from asynclock.backends import (
     Backend,
+    LockInfo,
     MemoryBackend,
     PostgresBackend,
     RedisBackend,
@@ -238,6 +239,40 @@ class TestOnAManualClock:
             with pytest.raises(LeadershipLost):
                 await leader
             observer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await observer
+
+    async def test_an_observer_retries_on_the_coordinators_clock(self) -> None:
+        """An observer that cannot reach the backend looks again after the election's
+        backoff on the coordinator's clock: a minute of ManualClock, not of real time."""
+        clock = ManualClock()
+        failures = 0
+
+        class Failing(MemoryBackend):
+            async def inspect(self, name: str) -> LockInfo | None:
+                nonlocal failures
+                if failures:
+                    failures -= 1
+                    raise BackendError("unreachable (planted)")
+                return await super().inspect(name)
+
+        backend = Failing(clock=clock)
+        async with asynclock.Coordinator(backend) as coord:
+            minute = Backoff(initial=60, maximum=60, jitter=False)
+            seen: list[str | None] = []
+            observer = asyncio.create_task(
+                collect(coord.election("far", ttl=10, retry=minute).observe(), seen)
+            )
+            await clock.settle()
+            assert seen == [None]
+            failures = 1
+            await clock.advance(10.1)  # its look after a ttl fails: it waits a minute
+            async with coord.election("far", ttl=100, identity="new").leadership():
+                await clock.advance(30)
+                assert seen == [None]  # still waiting out the minute
+                await clock.advance(31)
+                assert seen == [None, "new"]
+                observer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await observer
 

@@ -153,6 +153,7 @@ class TestRenewalRacingExtend:
         backend.gated = False
         await assert_not_beyond_the_server(coord, lease)
         assert lease.expires_in <= 0.5
+        await lease.release()
 
     @pytest.mark.parametrize("outcome", ["reply lost", "cancelled"])
     async def test_an_extend_of_unknown_outcome_never_overstates(
@@ -180,6 +181,7 @@ class TestRenewalRacingExtend:
         assert lease.held
         await assert_not_beyond_the_server(coord, lease)
         assert lease.expires_in <= 1.0
+        await lease.release()
 
     @pytest.mark.parametrize(
         ("ttl", "late_ttl"), [(10.0, 0.8), (0.3, 0.3)], ids=["shorter", "same"]

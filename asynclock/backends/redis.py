@@ -314,6 +314,11 @@ def _sentinel_client(url: str, max_connections: int, options: dict[str, Any]) ->
     for key in ("sentinel_username", "sentinel_password"):
         if key in options:
             sentinel_kwargs[key.removeprefix("sentinel_")] = options.pop(key)
+    given = options.pop("sentinel_kwargs", None)  # the caller's own, over ours
+    if given is not None:
+        if not isinstance(given, dict):
+            raise TypeError(f"sentinel_kwargs must be a dict, got {type(given).__name__}")
+        sentinel_kwargs.update(given)
     sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **credentials, **options)  # type: ignore[no-untyped-call]
     client: Redis = sentinel.master_for(service, max_connections=max_connections)
     client.connection_pool.asynclock_sentinel = sentinel  # type: ignore[attr-defined]

@@ -194,7 +194,7 @@ class Checker:
             backend = self.backends[client]
             clock = backend.clock
             cnow = clock.now()
-            for lease in coord._held:
+            for lease in coord.held:
                 claim = lease._claim
                 value = claim.value
                 if value not in self._fence_seen:
@@ -253,7 +253,7 @@ class Checker:
         left = [v for v in op.claims if self._still_held(v, now)]
         lease_left = [
             lease
-            for lease in self.coords[op.client]._held
+            for lease in self.coords[op.client].held
             if lease._claim.value in op.claims and lease.held
         ]
         if not left and not lease_left:
