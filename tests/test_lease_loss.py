@@ -296,6 +296,7 @@ class TestMemoryBackendOnAManualClock:
         lease = await waiter
         assert lease.fence > gone.fence
         assert gone.lost
+        await lease.release()
 
     async def test_shared_leases(self, coord: asynclock.Coordinator) -> None:
         """Shared leases overlap; an exclusive one waits for all of them."""

@@ -337,7 +337,7 @@ class TestCloseLeavesNoConnection:
             coord = asynclock.connect(
                 proxy.url_for(asynclock_redis_url), prefix=namespace, socket_timeout=1.3
             )
-            await coord.lock("held", ttl=30).acquire()
+            held = await coord.lock("held", ttl=30).acquire()
             if kind == "waiter":
                 other = asyncio.ensure_future(coord.lock("held", ttl=30).acquire())
                 assert await eventually(lambda: len(coord._waiting) == 1)
@@ -356,6 +356,7 @@ class TestCloseLeavesNoConnection:
             await asyncio.gather(other, return_exceptions=True)
             proxy.heal()
         assert left == []
+        assert held.lost  # the close ended it
         # One bound (a waiter's leave in the background ends by the socket timeout, 1.3 s);
         # an acquire on its way and the give-backs each took a whole bound before.
         assert took < 1.8 * bound, f"aclose() took {took:.2f}s with a bound of {bound}s"
