@@ -455,8 +455,9 @@ class Coordinator:
             "(release it, or use 'async with')",
             claim.name,
         )
-        if not self._closed:
-            self._discard(claim, ttl)
+        # Also while closing: aclose() waits for the give-back as for its own (one
+        # dropped just before aclose() is no longer among the leases it releases).
+        self._discard(claim, ttl)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
         """Run a background task that aclose() waits for (bounded); none once aclose()

@@ -475,17 +475,19 @@ class Lease:
         # garbage collection) and warn, as asyncio does for a transport never closed.
         if self._state is not _HELD or self._releasing or self._key < 0:
             return
+        # Ended here, first: whatever keeps the object alive after this (a recorded
+        # warning does: its source is this lease) sees a released lease, never one still
+        # valid or renewed by the watchdog (whose weak references outlive __del__ when
+        # the count of references dropped to zero).
+        watched = self._seq >= 0
+        self._state = _RELEASED
+        self._seq = -1
         coord = self._coord
         loop = coord._loop
         try:
             if loop is not None and not loop.is_closed():
                 loop.call_soon_threadsafe(
-                    coord._release_dropped,
-                    self._key,
-                    self._claim,
-                    self.ttl,
-                    self.fence,
-                    self._seq >= 0,
+                    coord._release_dropped, self._key, self._claim, self.ttl, self.fence, watched
                 )
         except RuntimeError:  # the loop closed meanwhile: the server's TTL ends the lock
             pass

@@ -90,3 +90,40 @@ class TestDroppedLease:
                 assert len(coord.held) == 1
         assert seen == []
         assert coord.held == []
+
+    async def test_a_lease_kept_alive_by_its_warning_is_over(self, make_coord: MakeCoord) -> None:
+        """A recorded warning keeps its source (the lease) alive: that lease is released,
+        with no validity left, never renewed, and counted once (released, not lost)."""
+        coord, other = make_coord(), make_coord()
+        leases = [await coord.lock("revived", ttl=1.5).acquire()]
+        fence = leases[0].fence
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _drop(leases)
+        (warned,) = [w for w in seen if issubclass(w.category, ResourceWarning)]
+        revived = warned.source
+        assert isinstance(revived, asynclock.Lease)
+        assert not revived.held
+        assert revived.expires_in == 0
+        taken = await other.lock("revived", ttl=30, timeout=10).acquire()
+        assert taken.fence > fence
+        await asyncio.sleep(1.2)  # two renewal periods of the revived lease's TTL
+        stats = coord.stats()
+        assert (stats.held, stats.releases, stats.losses) == (0, 1, 0)
+        assert len(coord._watchdog) == 0
+        await taken.release()
+
+    async def test_a_lease_dropped_just_before_aclose_is_given_back(
+        self, make_coord: MakeCoord
+    ) -> None:
+        """Dropped, then the coordinator closed at once (before the give-back ran): the
+        close gives the lock back as it does for the leases it still holds."""
+        coord, other = make_coord(), make_coord()
+        leases = [await coord.lock("closing", ttl=30).acquire()]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            _drop(leases)
+        await coord.aclose()
+        taken = await other.lock("closing", ttl=30, timeout=10).acquire()
+        assert coord.stats().releases == 1
+        await taken.release()

@@ -16,6 +16,8 @@ from asynclock import BackendError, Backoff, LockTimeout
 from asynclock.backends import RedisBackend
 from asynclock.testing import ClusterSetup, SentinelSetup
 
+from .conftest import eventually
+
 # A waiter that is not woken tries again only after 5 s: a grant sooner came by wake-up.
 SLOW_RETRY = Backoff(initial=5.0, maximum=5.0)
 
@@ -229,9 +231,9 @@ class TestCluster:
                         return
 
             watcher = asyncio.create_task(watch())
-            await asyncio.sleep(0.3)
+            assert await eventually(lambda: seen == [None], within=30)  # its first look
             async with a.election("boss", ttl=5, identity="me").leadership():
-                await asyncio.wait_for(watcher, 2.0)  # by message: observe() polls at ttl
+                await asyncio.wait_for(watcher, 10.0)  # by message: observe() polls at ttl
             assert seen == [None, "me"]
 
     @pytest.mark.parametrize("asynclock_cluster", [0], indirect=True)
