@@ -64,6 +64,7 @@ __all__ = (
     "ValkeyFactory",
     "ValkeyServer",
     "docker_available",
+    "find_faketime",
     "find_postgres_bindir",
     "find_valkey_binary",
     "postgres_major_version",
@@ -189,6 +190,26 @@ def find_valkey_binary() -> str | None:
         found = shutil.which(name)
         if found is not None:
             return found
+    return None
+
+
+# Where Debian's ``faketime`` package (and others) put libfaketime.
+_FAKETIME_DIRS = (
+    "/usr/lib/x86_64-linux-gnu/faketime",
+    "/usr/lib/aarch64-linux-gnu/faketime",
+    "/usr/lib/faketime",
+    "/usr/local/lib/faketime",
+)
+
+
+def find_faketime() -> str | None:
+    """Return the path of ``libfaketime.so.1`` (the library behind the ``faketime``
+    command: Debian package ``faketime``), or None: what runs a server on a clock of its
+    own speed (:meth:`ValkeyServer.start`'s ``clock_rate``)."""
+    for directory in _FAKETIME_DIRS:
+        candidate = Path(directory) / "libfaketime.so.1"
+        if candidate.is_file():
+            return str(candidate)
     return None
 
 
@@ -945,10 +966,15 @@ class ValkeyServer(_LocalServer):
     _binary_name = "valkey-server"
     _log_name = "valkey.log"
 
-    def __init__(self, binary: str, port: int | None, extra_args: Sequence[str]) -> None:
+    def __init__(
+        self, binary: str, port: int | None, extra_args: Sequence[str], clock_rate: float = 1.0
+    ) -> None:
         super().__init__(port, extra_args)
         self.binary = binary
         """Path of the server binary."""
+        self.clock_rate = clock_rate
+        """How fast the server's clock runs against the machine's (1.0: the same)."""
+        self._clock_origin: float | None = None  # time.time() of the first launch
 
     @classmethod
     def start(
@@ -957,6 +983,7 @@ class ValkeyServer(_LocalServer):
         *,
         extra_args: Sequence[str] = (),
         binary: str | None = None,
+        clock_rate: float = 1.0,
     ) -> ValkeyServer:
         """Start a server on ``port`` (a free loopback port if None) and wait until it
         answers ``PING``.
@@ -965,15 +992,28 @@ class ValkeyServer(_LocalServer):
             port: the TCP port; None picks a free one (retried if taken meanwhile).
             extra_args: more ``valkey-server`` arguments, e.g. ``("--maxmemory", "10mb")``.
             binary: the server binary; default :func:`find_valkey_binary`.
+            clock_rate: how fast the server's clocks (wall and monotonic: key expiry,
+                ``TIME``) run, 1.05 = 5 % fast, through libfaketime
+                (:func:`find_faketime`). The clock starts at the true time and goes on
+                from where it was across :meth:`restart`, as a real fast clock would.
 
         Raises:
-            ServerUnavailable: no binary was found.
+            ServerUnavailable: no binary was found, or ``clock_rate`` is not 1.0 and
+                libfaketime is not installed.
             ServerStartError: the process did not answer within 10 s (message has its log).
+            ValueError: ``clock_rate`` is not positive.
         """
         binary = binary or find_valkey_binary()
         if binary is None:
             raise ServerUnavailable(f"no valkey-server or redis-server found: {_REDIS_HELP}")
-        server = cls(binary, port, extra_args)
+        if not clock_rate > 0:
+            raise ValueError(f"clock_rate must be > 0, got {clock_rate!r}")
+        if clock_rate != 1.0 and find_faketime() is None:
+            raise ServerUnavailable(
+                "a server clock of its own speed needs libfaketime: install the Debian "
+                "package 'faketime'"
+            )
+        server = cls(binary, port, extra_args, clock_rate)
         _register(server)  # before launching, so interpreter exit stops it whatever happens
         try:
             server._launch()
@@ -1003,7 +1043,21 @@ class ValkeyServer(_LocalServer):
         ]
 
     def _env(self) -> dict[str, str] | None:
-        return {**os.environ, "LC_ALL": "C"}  # an English "Address already in use"
+        env = {**os.environ, "LC_ALL": "C"}  # an English "Address already in use"
+        if self.clock_rate != 1.0:
+            library = find_faketime()
+            assert library is not None  # checked in start()
+            now = time.time()
+            if self._clock_origin is None:
+                self._clock_origin = now
+            # libfaketime runs the clock at the rate from the process's start, offset by
+            # FAKETIME's "+seconds": a restarted server goes on from where the fast clock
+            # had got to, so that its clock never steps back (fences come from it).
+            ahead = (self.clock_rate - 1.0) * (now - self._clock_origin)
+            env["LD_PRELOAD"] = " ".join(filter(None, [library, env.get("LD_PRELOAD", "")]))
+            env["FAKETIME"] = f"{ahead:+.6f} x{self.clock_rate}"
+            env["FAKETIME_DONT_RESET"] = "1"  # forked children keep the parent's clock
+        return env
 
     def _answers(self) -> bool:
         return self._proc is not None and _redis_pid(self.host, self.port) == self._proc.pid

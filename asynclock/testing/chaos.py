@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import importlib
@@ -144,6 +145,40 @@ _GIVE_BACK = 2.0
 # per fault (a stalled or frozen holder is fenced off by design), plus one per 1,000
 # sections.
 _STALE_PER_FAULT = 3
+# The redis scenario's server runs its clock this much fast (libfaketime, where it is
+# installed): inside what the drift allowance absorbs (ttl * 0.01 + 2 ms: a 1 s lease is
+# kept 0.992 s of true time and believed at most 0.988 s), so the run must stay clean.
+WITHIN_DRIFT = 1.008
+# Before each of its writes but the first, a section calls lease.extend() with this
+# chance, with a random TTL between these multiples of the run's TTL.
+_EXTEND_SHARE = 0.3
+_EXTEND_TTLS = (0.5, 2.0)
+# An extend() that failed (outcome unknown) is tried again this many times in all.
+_EXTEND_TRIES = 6
+# While a lease is held its worker reads the server's expiry of it (GET + PTTL, on a
+# direct connection no proxy fault cuts) at the grant, after each extend(), and this many
+# times per TTL in between (so around every renewal), each read bounded by half a TTL.
+_SAMPLES_PER_TTL = 8
+# Renewal headroom: renewals go out every ttl/3, so outside faults a held lease's local
+# validity stays above 2/3 of its TTL less a round trip; below a quarter, its renewal came
+# more than a whole interval late.
+_HEADROOM = 0.25
+# Losses of leases and late renewals outside every fault's window a run may have: the
+# machine (2 shared cores) may pause a worker's event loop for most of a TTL now and
+# then; one such pause per worker costs at most one lease per name.
+_ALLOWED_PAUSES_PER_WORKER = 1
+# Hand-off: a release wakes the next waiter, which tries at once: one round trip for the
+# release, one for the grant, plus a loop turn in each process. Without a wake-up a
+# waiter retries after a backoff step (a uniform draw below 10 ms doubled per refusal, up
+# to the retry's maximum of 1 s), or when the holder's lease would end. The p99 of
+# release-to-next-grant outside fault windows must stay under this share of the TTL: far
+# above a loaded machine's round trips, far below a backoff-paced hand-off. Redlock's
+# waiters do not queue: after each wake-up they race for the nodes, and split votes back
+# off by a retry step, so its bound is looser.
+_HANDOFF_P99_TTLS = 0.1
+_HANDOFF_P99_TTLS_REDLOCK = 0.3
+# At least this many hand-offs outside fault windows for a p99 to be judged.
+_HANDOFF_MIN = 50
 
 
 class ScenarioSkipped(RuntimeError):
@@ -204,6 +239,11 @@ class Scenario:
     patch: str | None = None
     """``module:function`` each worker calls before it starts: a deliberately broken lock
     for mutation testing (the runner must then report problems)."""
+    package: str | None = None
+    """A folder holding a copy of the ``asynclock`` package that the workers import
+    instead of this one (a copy with a planted mutant); the checks run on this one."""
+    clock_rate: float = 1.0
+    """How fast the (single) Redis server's clock runs (libfaketime; 1.0: the machine's)."""
 
 
 _FULL: dict[str, tuple[Fault, ...]] = {
@@ -312,6 +352,9 @@ def scenario(backend: str, duration: float = 60.0) -> Scenario:
     if duration < 20:
         raise ValueError(f"expected duration >= 20 s, got {duration}")
     faults = _FULL[backend] if duration >= 60 else _SHORT[backend]
+    from asynclock.testing._servers import find_faketime  # noqa: PLC0415
+
+    fast = backend == "redis" and find_faketime() is not None
     return Scenario(
         backend,
         backend,  # type: ignore[arg-type]  # checked against BACKENDS above
@@ -319,6 +362,7 @@ def scenario(backend: str, duration: float = 60.0) -> Scenario:
         duration=duration,
         proxy=backend in ("redis", "postgres"),
         nodes=5 if backend == "redlock" else 1,
+        clock_rate=WITHIN_DRIFT if fast else 1.0,
     )
 
 
@@ -380,6 +424,17 @@ class WorkerSummary:
     """Per close: ``[began, closed, identity, final, leftovers, errors]`` (monotonic
     times aclose() began and returned; what the server still had of that coordinator
     after it)."""
+    extends: int = 0
+    """``lease.extend()`` calls made inside sections."""
+    extends_refused: int = 0
+    """Of those, refused (``LockNotOwned``: the lease is lost)."""
+    extend_errors: int = 0
+    """Of those, failed (``BackendError``: outcome unknown, the lease stays held)."""
+    releases: list[list[Any]] = field(default_factory=list)
+    """``[name, fence, time]`` of each section whose block then released the lock without
+    an error, ``time.time()`` as the body ended (the release request left then)."""
+    samples: list[list[Any]] = field(default_factory=list)
+    """The server's expiry of held leases, as read by :class:`_Sampler` (see there)."""
 
 
 @dataclass
@@ -489,11 +544,63 @@ class ChaosReport:
     a replica makes a window, from that answer to TTL + 1 s after its first as a master,
     in which two holders of the names it serves are ``tolerated``; the line says which
     names, or that nothing was excused."""
+    clock_rate: float = 1.0
+    """How fast the scenario asked the Redis server's clock to run."""
+    clock_rates: list[float] = field(default_factory=list)
+    """Per sampled server, how fast its clock ran against the machine's, as measured
+    (its ``TIME`` read at the start and the end of the run, each bracketed by the
+    reader's clock); the lower bound of the measurement, which expiries are turned into
+    the machine's time with."""
+    clock_errors: list[str] = field(default_factory=list)
+    """Sampled servers whose clock could not be measured (then taken as true)."""
+    samples: int = 0
+    """Reads of the server's expiry of held leases (at grants, renewals and extends)."""
+    belief_violations: int = 0
+    """Samples in which a lease believed itself valid past the latest moment the server
+    (Redlock: a majority of nodes) could still keep it: its expiry read with ``PTTL``,
+    counted from the reply (the read ran before it) plus 1 ms (PTTL is whole ms), turned
+    into the machine's time at the server's measured clock rate; or the moment of the
+    reply itself when the key no longer held the lease's token. A node that did not
+    answer bounds nothing. Not counted (``belief_excused``) when a fault that loses locks
+    by design (a restart empty, a failover, a killed session) came between the lease's
+    last confirmation known to its worker (its acquire or its last ``extend()``, from
+    before the request) and the sample."""
+    belief_excused: int = 0
+    belief_details: list[str] = field(default_factory=list)
+    late_renewals: int = 0
+    """Periodic samples, outside every fault's window, of a lease with less than
+    ``_HEADROOM`` of its TTL of validity left: its renewal (due every ttl/3) came more
+    than a whole interval late. Held to ``loss_ceiling``."""
+    late_renewal_details: list[str] = field(default_factory=list)
+    losses_outside: int = 0
+    """Leases lost outside every fault's window (a loss's cancel cut the body, or the
+    block raised ``LockLost``; a coordinator's own close not counted)."""
+    loss_details: list[str] = field(default_factory=list)
+    loss_ceiling: int = 0
+    """The most ``losses_outside`` (and ``late_renewals``) a run may have: one pause of
+    an event loop per worker (``_ALLOWED_PAUSES_PER_WORKER``), each costing at most one
+    lease per name: ``workers x names``."""
+    handoffs: int = 0
+    """Releases outside every fault's (and close's) window with a waiter for the name."""
+    handoff_p99: float = 0.0
+    """The 99th percentile of release-to-next-grant over those (seconds)."""
+    handoff_bound: float = 0.0
+    """The most ``handoff_p99`` may be: 0.1 x TTL, 0.3 x TTL on Redlock (judged from
+    ``_HANDOFF_MIN`` hand-offs on; see ``_HANDOFF_P99_TTLS``)."""
+    extends: int = 0
+    extends_refused: int = 0
+    extend_errors: int = 0
+    first_seen: dict[str, float] = field(default_factory=dict)
+    """Per property of these checks (``belief-vs-server``, ``renewal-headroom``,
+    ``loss-ceiling``, ``handoff-p99``) that failed, the seconds after the start of the
+    run its first case was seen (for ``handoff-p99``: of the first hand-off over the
+    bound)."""
 
     @property
     def problems(self) -> list[str]:
         """Every check that failed: violations, losses, history errors, idle faults."""
         out: list[str] = []
+        out.extend(self._server_problems())
         if self.violations:
             out.append(f"{self.violations} violation(s): {self.details[:5]}")
         if self.lost:
@@ -541,8 +648,37 @@ class ChaosReport:
         )
         return out
 
+    def _server_problems(self) -> list[str]:
+        """The failed checks against the server and of liveness (see the fields)."""
+        out: list[str] = []
+        if self.belief_violations:
+            out.append(
+                f"belief-vs-server: {self.belief_violations} time(s) a lease believed itself "
+                f"valid past the server's expiry of it: {self.belief_details[:3]}"
+            )
+        if self.clock_errors:
+            out.append(f"could not measure a server's clock: {self.clock_errors[:3]}")
+        if self.late_renewals > self.loss_ceiling:
+            out.append(
+                f"renewal-headroom: {self.late_renewals} time(s) outside fault windows a "
+                f"lease had under {_HEADROOM:g} of its TTL left > the ceiling of "
+                f"{self.loss_ceiling}: {self.late_renewal_details[:3]}"
+            )
+        if self.losses_outside > self.loss_ceiling:
+            out.append(
+                f"loss-ceiling: {self.losses_outside} lease(s) lost outside fault windows > "
+                f"the ceiling of {self.loss_ceiling}: {self.loss_details[:3]}"
+            )
+        if self.handoffs >= _HANDOFF_MIN and self.handoff_p99 > self.handoff_bound:
+            out.append(
+                f"handoff-p99: release-to-next-grant p99 {self.handoff_p99 * 1000:.0f} ms "
+                f"over {self.handoffs} hand-offs outside fault windows > the bound of "
+                f"{self.handoff_bound * 1000:.0f} ms"
+            )
+        return out
+
     def line(self) -> str:
-        """One readable line."""
+        """One readable line, and one of the checks against the server and of liveness."""
         return (
             f"{self.scenario}: {self.duration:g}s {self.workers}x{self.tasks} tasks, "
             f"ops={self.operations} sections={self.sections} completed={self.completed} "
@@ -555,7 +691,15 @@ class ChaosReport:
             f"budget={self.budgeted}/{self.stale_budget} giveups={self.giveups} "
             f"closes={self.closes} stranded={self.stranded} "
             f"(excused {self.stranded_excused}) "
-            f"faults-ok={sum(o.satisfied() for o in self.faults)}/{len(self.faults)}"
+            f"faults-ok={sum(o.satisfied() for o in self.faults)}/{len(self.faults)}\n"
+            f"  server clock x{self.clock_rate:g} (measured "
+            f"{', '.join(f'x{r:.4f}' for r in self.clock_rates) or '-'}) "
+            f"samples={self.samples} beyond-server={self.belief_violations} "
+            f"(excused {self.belief_excused}) late-renewals={self.late_renewals} "
+            f"lost-outside-faults={self.losses_outside}/{self.loss_ceiling} "
+            f"handoff-p99={self.handoff_p99 * 1000:.1f}ms/{self.handoff_bound * 1000:.0f}ms "
+            f"({self.handoffs}) extends={self.extends} (refused {self.extends_refused}, "
+            f"failed {self.extend_errors})"
         )
 
     def table(self) -> str:
@@ -576,6 +720,9 @@ class ChaosReport:
         rows.extend(f"  ! {detail}" for detail in self.details[:10])
         rows.extend(f"  ! after its loss: {detail}" for detail in self.after_loss_details)
         rows.extend(f"  ! stranded: {detail}" for detail in self.stranded_details[:10])
+        rows.extend(f"  ! beyond the server: {detail}" for detail in self.belief_details[:5])
+        rows.extend(f"  ! late renewal: {detail}" for detail in self.late_renewal_details[:3])
+        rows.extend(f"  ! lost outside faults: {detail}" for detail in self.loss_details[:3])
         rows.extend(f"  ! probe: {detail}" for detail in self.probe_errors[:5])
         rows.extend(f"  (excused: {detail})" for detail in self.excused_details[:5])
         rows.extend(f"  (unplanned promotion: {detail})" for detail in self.promotions)
@@ -638,6 +785,9 @@ class _WorkerConfig:
     """Seconds after the start at which to close the coordinator (see _close_plan)."""
     admin: str | list[str] | None = None
     """A way to the server that no proxy fault cuts (for looking after a close)."""
+    sample: list[str] = field(default_factory=list)
+    """Direct URLs of the Redis node(s) whose expiry of held leases is read (none: not
+    read)."""
 
 
 class _GiveUp:
@@ -784,6 +934,89 @@ async def _pg_leftovers(dsn: str, namespace: str, identity: str | None) -> dict[
     return found
 
 
+# KEYS[1] a lock key. Returns {its value (or false), its PTTL in ms}: in one script, so
+# both are of one moment of the server.
+_SAMPLE = "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}"
+
+
+class _Sampler:
+    """Reads the server's expiry of a worker's held leases, to hold the leases' beliefs
+    against it (checked by the parent, :func:`_beliefs`).
+
+    Each sample is ``[name, fence, kind, sent, replied, belief, ttl, left, confirmed,
+    doubted, nodes]``: ``kind`` ``grant``, ``renew`` (periodic, ``_SAMPLES_PER_TTL`` per
+    TTL) or ``extend`` (right after an ``extend()`` returned); ``sent`` and ``replied``
+    the loop's monotonic time around the reads; ``belief`` the end of the lease's local
+    validity, the smaller of what it was as the reads left and as they came back (a
+    renewal confirmed meanwhile may have run after the server was read); ``left``
+    ``lease.expires_in`` as they left; ``confirmed`` the monotonic time the lease's last
+    confirmation known here was requested (its acquire, or its last ``extend()``);
+    ``doubted`` whether an ``extend()`` of it failed with its outcome unknown (the lease
+    may then count on a shorter TTL than ``ttl``). ``nodes`` per node ``[sent, replied,
+    status, pttl]``: status 1 the key holds this lease's token, 0 it does not (or is
+    gone), -1 no answer within half a TTL.
+    """
+
+    def __init__(self, urls: Sequence[str], prefix: str, timeout: float) -> None:
+        from redis.asyncio import Redis  # noqa: PLC0415
+
+        self.clients = [
+            Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+            for url in urls
+        ]
+        self.scripts = [client.register_script(_SAMPLE) for client in self.clients]
+        self.prefix = prefix
+        self.timeout = timeout
+        self.samples: list[list[Any]] = []
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            await client.aclose()
+
+    async def watch(self, lease: Any, name: str, held: _Held, rng: random.Random) -> None:
+        """Sample at the grant, then every ``ttl / _SAMPLES_PER_TTL`` (jittered)."""
+        await self.sample(lease, name, "grant", held)
+        while lease.held:
+            await asyncio.sleep(lease.ttl / _SAMPLES_PER_TTL * (0.5 + rng.random()))
+            await self.sample(lease, name, "renew", held)
+
+    async def sample(self, lease: Any, name: str, kind: str, held: _Held) -> None:
+        if not lease.held:
+            return
+        loop = asyncio.get_running_loop()
+        key = f"{self.prefix}:{{{name}}}"
+        sent = loop.time()
+        left = lease.expires_in
+        nodes = await asyncio.gather(
+            *(self._read(script, key, lease.token) for script in self.scripts)
+        )
+        replied = loop.time()
+        belief = min(sent + left, replied + lease.expires_in)
+        what = [name, lease.fence, kind, sent, replied, belief, lease.ttl, left]
+        self.samples.append([*what, held.confirmed, held.doubted, nodes])
+
+    async def _read(self, script: Any, key: str, token: str) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        try:
+            async with asyncio.timeout(self.timeout):
+                value, pttl = await script(keys=[key])
+        except Exception:  # a fault: unknown, which bounds nothing
+            return [sent, loop.time(), -1, 0]
+        mine = value is not None and _text(value).partition(":")[0] == token
+        return [sent, loop.time(), int(mine), int(pttl)]
+
+
+@dataclass
+class _Held:
+    """What a worker knows of a lease it holds, for its samples."""
+
+    confirmed: float
+    """Monotonic time its last confirmation known here was requested."""
+    doubted: bool = False
+    """An ``extend()`` of it failed with its outcome unknown."""
+
+
 class _Worker:
     def __init__(self, config: _WorkerConfig) -> None:
         self.config = config
@@ -797,6 +1030,8 @@ class _Worker:
         # identity of a coordinator -> time.time() when its close began (its leases
         # ended then).
         self.closed_at: dict[str, float] = {}
+        self.sampler: _Sampler | None = None
+        self.watchers: set[asyncio.Task[None]] = set()
 
     def event(self, what: str) -> None:
         self.summary.events.append((time.monotonic(), what))
@@ -848,6 +1083,8 @@ class _Worker:
             if cfg.admin is not None
             else None
         )
+        if cfg.sample:
+            self.sampler = _Sampler(cfg.sample, cfg.options.get("prefix", "asynclock"), cfg.ttl / 2)
         self.coord = self._connect()
         try:
             loop = asyncio.get_running_loop()
@@ -867,9 +1104,15 @@ class _Worker:
                 self.event(f"stuck {len(pending)} tasks")
                 await asyncio.wait(pending, timeout=5)
         finally:
+            for watcher in self.watchers:
+                watcher.cancel()
+            await asyncio.gather(*self.watchers, return_exceptions=True)
             await self._close(self.coord, probe, final=True)
             if probe is not None:
                 await probe.aclose()
+            if self.sampler is not None:
+                self.summary.samples = self.sampler.samples
+                await self.sampler.aclose()
             for client in clients:
                 await client.aclose()
         self.summary.acks = {
@@ -959,6 +1202,7 @@ class _Worker:
             BackendError,
             CoordinatorClosed,
             LockLost,
+            LockNotOwned,
             LockTimeout,
         )
 
@@ -966,6 +1210,7 @@ class _Worker:
         coord = self.coord
         name = self.rng.choice(cfg.names)
         requested = time.time()
+        asked = time.monotonic()
         held = ""  # holder@fence of the lease, once granted (events name it)
         try:
             async with coord.lock(name, ttl=cfg.ttl, timeout=patience) as lease:
@@ -980,11 +1225,13 @@ class _Worker:
                 if left <= 0:
                     self.summary.late_entries += 1
                     self.event("late-entry")
+                known = _Held(asked)
+                watcher = self._watch(lease, name, known)
                 try:
                     # A stall is a loss the fault must show: not in a section a give-up
                     # cancel may end first.
                     confirmed = await self._section(
-                        logs[name], lease, holder, op, stall=plan is None
+                        logs[name], lease, holder, op, stall=plan is None, held=known, name=name
                     )
                     if not confirmed:
                         # It stops believing now, and the block releases the lock next:
@@ -996,13 +1243,66 @@ class _Worker:
                         self.event(f"cut {held}")
                     self._stopped(coord, name, lease.fence, holder, plan)
                     raise
-        except (LockLost, LockTimeout, BackendError, CoordinatorClosed) as exc:
+                finally:
+                    if watcher is not None:
+                        watcher.cancel()  # no await here: the body's end is not delayed
+                ended = time.time()
+            self.summary.releases.append([name, lease.fence, ended])
+        except (LockLost, LockTimeout, BackendError, CoordinatorClosed, LockNotOwned) as exc:
             await self._failed(exc, coord, patience, held)
 
-    async def _failed(self, exc: Exception, coord: Any, patience: float, held: str) -> None:
-        from asynclock import CoordinatorClosed, LockLost, LockTimeout  # noqa: PLC0415
+    def _watch(self, lease: Any, name: str, known: _Held) -> asyncio.Task[None] | None:
+        """Sample the server's expiry of ``lease`` while it is held (see _Sampler)."""
+        if self.sampler is None:
+            return None
+        task = asyncio.create_task(self.sampler.watch(lease, name, known, self.rng))
+        self.watchers.add(task)
+        task.add_done_callback(self.watchers.discard)
+        return task
 
-        if isinstance(exc, LockLost):
+    async def _extend(self, lease: Any, name: str, holder: str, known: _Held) -> None:
+        """``lease.extend()`` with a random TTL, then a sample of the server's expiry. A
+        refusal (``LockNotOwned``: the lease is lost) propagates; a failure with the
+        outcome unknown (``BackendError``: during a fault) is tried again a few times
+        while the lease is held, as an application would (so an extend also reaches a
+        server that came back, before the watchdog's backed-off renewal does)."""
+        from asynclock import BackendError, LockNotOwned  # noqa: PLC0415
+
+        ttl = self.config.ttl * self.rng.uniform(*_EXTEND_TTLS)
+        for attempt in range(_EXTEND_TRIES):
+            if attempt:
+                await asyncio.sleep(self.rng.uniform(0.02, 0.08))
+                if not lease.held:
+                    return
+            asked = time.monotonic()
+            self.summary.extends += 1
+            try:
+                await lease.extend(ttl)
+            except BackendError as exc:
+                known.doubted = True
+                self.summary.extend_errors += 1
+                self.event(f"extend-error {type(exc).__name__}")
+                continue
+            except LockNotOwned:
+                self.summary.extends_refused += 1
+                self.event(f"extend-refused {holder}@{lease.fence}")
+                raise
+            break
+        else:
+            return
+        known.confirmed = asked
+        if self.sampler is not None:
+            await self.sampler.sample(lease, name, "extend", known)
+
+    async def _failed(self, exc: Exception, coord: Any, patience: float, held: str) -> None:
+        from asynclock import (  # noqa: PLC0415
+            CoordinatorClosed,
+            LockLost,
+            LockNotOwned,
+            LockTimeout,
+        )
+
+        if isinstance(exc, LockLost | LockNotOwned):
             if coord.closed:
                 self.summary.closed_losses += 1
                 self.event("closed-lost")
@@ -1041,7 +1341,15 @@ class _Worker:
             self.summary.interrupted += 1
 
     async def _section(
-        self, log: Any, lease: Any, holder: str, op: str, *, stall: bool = True
+        self,
+        log: Any,
+        lease: Any,
+        holder: str,
+        op: str,
+        *,
+        stall: bool = True,
+        held: _Held | None = None,
+        name: str = "",
     ) -> bool:
         """Write a section's entries; False if it stopped because the history did not
         confirm a write (no ``end`` entry follows). A refused write also stops it, but
@@ -1053,9 +1361,18 @@ class _Worker:
         long = self.rng.random() < _LONG_SECTIONS
         kinds = ("start", "op", "op", "op", "end") if long else ("start", "op", "end")
         pause = cfg.ttl / 2 if long else cfg.hold
+        # Before each later write it may extend its lease (so a long section also goes a
+        # while on renewals alone, or a late renewal would never show).
+        extend_at = {
+            position
+            for position in range(1, len(kinds))
+            if held is not None and self.rng.random() < _EXTEND_SHARE
+        }
         for position, kind in enumerate(kinds):
             if position:
                 await asyncio.sleep(pause * (0.5 + self.rng.random()))
+            if held is not None and position in extend_at:
+                await self._extend(lease, name, holder, held)
             # What the holder believes as it decides to write; the write then goes out
             # without a yield, after the stall if one was requested: a paused process
             # that wakes up and writes at once, as only the fence can stop.
@@ -1107,7 +1424,16 @@ def _worker_main(args: argparse.Namespace) -> int:
         backend=args.backend,
         admin=json.loads(args.admin) if args.admin else None,
         closes=json.loads(args.closes),
+        sample=json.loads(args.sample),
     )
+    if args.package:
+        # A planted mutant: the copy of the package must be the one imported.
+        import asynclock  # noqa: PLC0415
+
+        where = os.path.dirname(os.path.dirname(os.path.abspath(asynclock.__file__)))
+        if os.path.realpath(where) != os.path.realpath(args.package):
+            print(f"the worker imported {where}, not {args.package}", file=sys.stderr)
+            return 2
     if args.patch:
         # A deliberately broken lock, for mutation testing of this runner.
         module, _, function = args.patch.partition(":")
@@ -1139,6 +1465,8 @@ class _Setup:
     admin_target: Any = None
     """A way to the server no fault of the proxies cuts, to look for what a closed
     coordinator left there (None: not looked at, Redlock)."""
+    sample: list[str] = field(default_factory=list)
+    """Direct URLs of the Redis nodes whose expiry of held leases workers read."""
 
 
 async def unsupported(backend: str) -> str | None:
@@ -1170,6 +1498,27 @@ async def _start_proxy(stack: contextlib.AsyncExitStack, host: str, port: int) -
     return proxy
 
 
+async def _valkeys(
+    sc: Scenario,
+    stack: contextlib.AsyncExitStack,
+    valkey_factory: Callable[[int], Sequence[Any]],
+) -> list[Any]:
+    """The scenario's Valkey servers: from the factory, or one on a clock of its own
+    speed (``sc.clock_rate``), stopped with ``stack``."""
+    if sc.clock_rate == 1.0:
+        return list(await asyncio.to_thread(valkey_factory, sc.nodes))
+    if sc.nodes != 1:
+        raise ValueError("clock_rate is for a single Redis server")
+    from asynclock.testing import ServerUnavailable, ValkeyServer  # noqa: PLC0415
+
+    try:
+        fast = await asyncio.to_thread(ValkeyServer.start, clock_rate=sc.clock_rate)
+    except ServerUnavailable as exc:
+        raise ScenarioSkipped(str(exc)) from exc
+    stack.callback(fast.stop)
+    return [fast]
+
+
 async def _setup(  # noqa: PLR0917 - private, called once
     sc: Scenario,
     stack: contextlib.AsyncExitStack,
@@ -1179,8 +1528,9 @@ async def _setup(  # noqa: PLR0917 - private, called once
     namespace: str,
 ) -> _Setup:
     if sc.backend in ("redis", "redlock"):
-        servers = list(await asyncio.to_thread(valkey_factory, sc.nodes))
+        servers = await _valkeys(sc, stack, valkey_factory)
         setup = _Setup([s.url for s in servers], {"prefix": namespace}, servers)
+        setup.sample = [s.url for s in servers]
         if sc.backend == "redis":
             setup.target = setup.admin_target = servers[0].url
         if sc.proxy and sc.backend == "redis":
@@ -1235,7 +1585,16 @@ async def _spawn_worker(
         *("--backend", sc.backend),
         *("--closes", json.dumps(_close_plan(sc, index))),
         *(("--admin", json.dumps(setup.admin_target)) if setup.admin_target else ()),
+        *("--sample", json.dumps(setup.sample)),
+        *(("--package", sc.package) if sc.package else ()),
     ]
+    env = None
+    if sc.package:
+        # The copy first on the path; and run from its folder, which ``-m`` puts before
+        # everything (the working directory's own asynclock would win otherwise).
+        path = [sc.package, os.environ.get("PYTHONPATH", "")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
     return await asyncio.create_subprocess_exec(
         sys.executable,
         *argv,
@@ -1243,6 +1602,8 @@ async def _spawn_worker(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,  # a terminal's Ctrl-C reaches the parent, which stops us
+        env=env,
+        cwd=sc.package or None,
     )
 
 
@@ -1922,6 +2283,7 @@ async def run_scenario(
                 for proc in procs:
                     await _wait_ready(proc)
                 await promotions.ready()
+                clocks_first = await _server_clocks(setup.sample)
                 t0 = time.monotonic()
                 t0_wall = time.time()
                 for proc in procs:
@@ -1940,6 +2302,7 @@ async def run_scenario(
                     # Every worker exited: nobody is left to give anything back.
                     after_run = await _leftovers_after_run(sc, setup, namespace)
                     await fault_task
+                    clocks_last = await _server_clocks(setup.sample)
                 finally:
                     watch.cancel()
                     fault_task.cancel()
@@ -1961,6 +2324,15 @@ async def run_scenario(
         verdict = await _check(
             history_url, namespace, setup.names, summaries, t0_wall=t0_wall, lossy=lossy
         )
+    server_checks = _server_checks(
+        sc,
+        summaries,
+        (clocks_first, clocks_last),
+        faults.applied,
+        promotions.seen,
+        t0=t0,
+        t0_wall=t0_wall,
+    )
     stranded = _stranded(sc, summaries, faults.applied, after_run, t0)
     stranded.found += orphans.found(t0)
     outcomes = _outcomes(sc, summaries, faults.applied)
@@ -2006,6 +2378,7 @@ async def run_scenario(
         excused_details=stranded.excused_details[:20],
         probe_errors=stranded.errors,
         promotions=promotions.describe(unplanned, t0),
+        **server_checks,
     )
 
 
@@ -2189,6 +2562,318 @@ async def _scan_redis(nodes: Sequence[tuple[str, int]], namespace: str) -> list[
     return found
 
 
+# --------------------------------------------------------------------------------------
+# Beliefs against the server, losses outside faults, hand-offs
+
+
+async def _server_clock(url: str) -> tuple[float, float, float]:
+    """``(sent, replied, server time)``: the tightest of a few ``TIME`` reads, bracketed
+    by this process's monotonic clock."""
+    from redis.asyncio import Redis  # noqa: PLC0415
+
+    client = Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    best: tuple[float, float, float] | None = None
+    try:
+        for _ in range(5):
+            sent = time.monotonic()
+            seconds, micros = await client.time()
+            replied = time.monotonic()
+            if best is None or replied - sent < best[1] - best[0]:
+                best = (sent, replied, seconds + micros / 1e6)
+    finally:
+        await client.aclose()
+    assert best is not None
+    return best
+
+
+async def _server_clocks(urls: Sequence[str]) -> list[tuple[float, float, float] | str]:
+    """A :func:`_server_clock` read of each server, or why there is none."""
+    out: list[tuple[float, float, float] | str] = []
+    for url in urls:
+        try:
+            out.append(await _server_clock(url))
+        except Exception as exc:
+            out.append(f"{type(exc).__name__}: {str(exc)[:120]}")
+    return out
+
+
+def _clock_rates(
+    first: Sequence[tuple[float, float, float] | str],
+    last: Sequence[tuple[float, float, float] | str],
+) -> tuple[list[float], list[str]]:
+    """Per server, the lowest rate its clock can have run at between the two reads (its
+    seconds over the longest span of ours the reads allow), and what could not be
+    measured (taken as 1.0)."""
+    rates: list[float] = []
+    errors: list[str] = []
+    for index, (a, b) in enumerate(zip(first, last, strict=True)):
+        if isinstance(a, str) or isinstance(b, str) or b[1] - a[0] <= 0:
+            errors.append(f"server {index}: {a if isinstance(a, str) else b}")
+            rates.append(1.0)
+            continue
+        rates.append((b[2] - a[2]) / (b[1] - a[0]))
+    return rates, errors
+
+
+def _kept_until(node: Sequence[Any], rate: float) -> float:
+    """The latest monotonic time one node can have kept the key, from one read (see
+    :attr:`ChaosReport.belief_violations`)."""
+    _sent, replied, status, pttl = node
+    if status < 0 or (status > 0 and pttl < 0):
+        return math.inf  # no answer, or a key without expiry: nothing bounds it
+    if status == 0:
+        return float(replied)
+    return float(replied) + (int(pttl) + 1) / 1000 / rate
+
+
+Window = tuple[float, float, frozenset[int] | None]
+"""(start, end, workers it disturbs: None for all), monotonic."""
+
+
+def _fault_windows(
+    sc: Scenario,
+    applied: Sequence[tuple[Fault, float, float, str | None]],
+    promotions: Sequence[_Promotion] = (),
+) -> list[Window]:
+    """Where faults may disturb leases: from each one's start to TTL + 1 s after its end,
+    4 s more where clients find a restarted or new master; a stall's and an isolation's
+    only for the workers they target; and each promotion the run saw."""
+    out: list[Window] = []
+    for fault, start, end, _ in applied:
+        until = end + sc.ttl + 1
+        if fault.kind in ("kill", "kill_master", "failover"):
+            until += 4.0
+        who = (
+            frozenset(t % sc.workers for t in fault.targets)
+            if fault.kind in ("stall", "isolate")
+            else None
+        )
+        out.append((start, until, who))
+    out += [(p.replica_at, p.master_at + sc.ttl + 5, None) for p in promotions]
+    return out
+
+
+def _disturbed(at: float, worker: int | None, windows: Sequence[Window]) -> bool:
+    """Whether ``at`` lies in a window that disturbs ``worker`` (None: any worker)."""
+    return any(
+        start <= at <= end and (who is None or worker is None or worker in who)
+        for start, end, who in windows
+    )
+
+
+@dataclass
+class _Beliefs:
+    samples: int = 0
+    violations: int = 0
+    excused: int = 0
+    late: int = 0
+    details: list[str] = field(default_factory=list)
+    late_details: list[str] = field(default_factory=list)
+    first: dict[str, float] = field(default_factory=dict)
+
+
+def _server_checks(
+    sc: Scenario,
+    summaries: Sequence[WorkerSummary],
+    clocks: tuple[
+        Sequence[tuple[float, float, float] | str], Sequence[tuple[float, float, float] | str]
+    ],
+    applied: Sequence[tuple[Fault, float, float, str | None]],
+    promotions: Sequence[_Promotion],
+    *,
+    t0: float,
+    t0_wall: float,
+) -> dict[str, Any]:
+    """The report's fields of the checks against the server and of liveness: beliefs
+    against the sampled expiries, renewal headroom, losses outside fault windows and the
+    hand-off p99."""
+    rates, clock_errors = _clock_rates(*clocks)
+    disturbed = _fault_windows(sc, applied, promotions)
+    losing = [
+        (start, end + (4.0 if fault.kind in ("kill_master", "failover") else 0.0))
+        for fault, start, end, _ in applied
+        if fault.kind in _LOSES_LOCKS_ON.get(sc.backend, _LOSES_LOCKS)
+    ] + [(p.replica_at, p.master_at + 4.0) for p in promotions]
+    beliefs = _beliefs(sc, summaries, rates=rates, lossy=losing, windows=disturbed, t0=t0)
+    losses, loss_details, first_loss = _losses_outside(sc, summaries, disturbed, t0)
+    handoffs, first_slow = _handoffs(sc, summaries, disturbed, t0, t0_wall)
+    # One pause of an event loop per worker, costing at most one lease per name.
+    ceiling = _ALLOWED_PAUSES_PER_WORKER * sc.workers * sc.names
+    first_seen = dict(beliefs.first)
+    if losses > ceiling and first_loss is not None:
+        first_seen["loss-ceiling"] = first_loss
+    if beliefs.late <= ceiling:
+        first_seen.pop("renewal-headroom", None)
+    bound = _handoff_bound(sc)
+    handoff_p99 = _p99(handoffs)
+    if len(handoffs) >= _HANDOFF_MIN and handoff_p99 > bound and first_slow is not None:
+        first_seen["handoff-p99"] = first_slow
+    return {
+        "clock_rate": sc.clock_rate,
+        "clock_rates": rates,
+        "clock_errors": clock_errors,
+        "samples": beliefs.samples,
+        "belief_violations": beliefs.violations,
+        "belief_excused": beliefs.excused,
+        "belief_details": beliefs.details,
+        "late_renewals": beliefs.late,
+        "late_renewal_details": beliefs.late_details,
+        "losses_outside": losses,
+        "loss_details": loss_details,
+        "loss_ceiling": ceiling,
+        "handoffs": len(handoffs),
+        "handoff_p99": handoff_p99,
+        "handoff_bound": bound,
+        "extends": sum(s.extends for s in summaries),
+        "extends_refused": sum(s.extends_refused for s in summaries),
+        "extend_errors": sum(s.extend_errors for s in summaries),
+        "first_seen": first_seen,
+    }
+
+
+def _beliefs(
+    sc: Scenario,
+    summaries: Sequence[WorkerSummary],
+    *,
+    rates: Sequence[float],
+    lossy: Sequence[tuple[float, float]],
+    windows: Sequence[Window],
+    t0: float,
+) -> _Beliefs:
+    """Hold every sample's belief against the server's expiry (see
+    :attr:`ChaosReport.belief_violations`), and count the late renewals outside fault
+    windows (:attr:`ChaosReport.late_renewals`). ``lossy``: (start, end) of the faults
+    that lose locks by design."""
+    out = _Beliefs()
+    for summary in summaries:
+        worker = summary.worker % sc.workers
+        for sample in summary.samples:
+            name, fence, kind, sent, replied, belief, ttl, left, confirmed, doubted, nodes = sample
+            out.samples += 1
+            quorum = len(nodes) // 2 + 1
+            kept = sorted(
+                (_kept_until(node, rate) for node, rate in zip(nodes, rates, strict=True)),
+                reverse=True,
+            )[quorum - 1]
+            if belief > kept:
+                if any(start <= replied and confirmed <= end for start, end in lossy):
+                    out.excused += 1
+                else:
+                    out.violations += 1
+                    _first(out.first, "belief-vs-server", sent - t0)
+                    if len(out.details) < 10:
+                        held = sum(node[2] == 1 for node in nodes)
+                        out.details.append(
+                            f"{name} fence {fence} at t={sent - t0:.2f}s ({kind} sample): "
+                            f"believed valid {(belief - kept) * 1000:.1f} ms past the latest "
+                            f"the server kept it ({held} of {len(nodes)} node(s) held its "
+                            f"token; ttl {ttl:g}s)"
+                        )
+            if (
+                kind == "renew"
+                and not doubted
+                and left < _HEADROOM * ttl
+                and not _disturbed(sent, worker, windows)
+            ):
+                out.late += 1
+                _first(out.first, "renewal-headroom", sent - t0)
+                if len(out.late_details) < 10:
+                    out.late_details.append(
+                        f"w{worker} {name} fence {fence} at t={sent - t0:.2f}s: "
+                        f"{left * 1000:.0f} ms of validity left of a {ttl:g}s TTL"
+                    )
+    return out
+
+
+def _first(seen: dict[str, float], what: str, at: float) -> None:
+    seen[what] = min(seen.get(what, at), at)
+
+
+def _losses_outside(
+    sc: Scenario, summaries: Sequence[WorkerSummary], windows: Sequence[Window], t0: float
+) -> tuple[int, list[str], float | None]:
+    """Leases lost outside every fault's window (its block's ``LockLost``, or a refused
+    ``extend()``; not a close of the coordinator, which counts apart), the first few, and
+    the first one's time after the start."""
+    count = 0
+    details: list[str] = []
+    first: float | None = None
+    for summary in summaries:
+        worker = summary.worker % sc.workers
+        for at, what in summary.events:
+            kind, _, lease = what.partition(" ")
+            if kind != "lost" or _disturbed(at, worker, windows):
+                continue
+            count += 1
+            first = at - t0 if first is None else min(first, at - t0)
+            if len(details) < 10:
+                details.append(f"w{worker} {lease or '?'} at t={at - t0:.2f}s")
+    return count, details, first
+
+
+def _handoffs(
+    sc: Scenario,
+    summaries: Sequence[WorkerSummary],
+    windows: Sequence[Window],
+    t0: float,
+    t0_wall: float,
+) -> tuple[list[float], float | None]:
+    """Release-to-next-grant latencies (seconds) of the releases outside every fault's
+    and every close's window, and before the run's last second, after which a task
+    was waiting for the name (granted later, asked before); and when the first one over
+    the bound happened (seconds after the start)."""
+    closes: list[Window] = [
+        (began, closed + 0.5, None)
+        for summary in summaries
+        for began, closed, *_ in summary.close_checks
+    ]
+    quiet = [*((start, end, None) for start, end, _ in windows), *closes]
+    grants: dict[str, list[tuple[float, float]]] = {}
+    for summary in summaries:
+        for name, _fence, _holder, requested, granted, _left in summary.grants:
+            grants.setdefault(name, []).append((float(granted), float(requested)))
+    waiting: dict[str, list[float]] = {}  # per name, suffix minimum of the asks
+    for name, items in grants.items():
+        items.sort()
+        low = math.inf
+        mins = [0.0] * len(items)
+        for i in range(len(items) - 1, -1, -1):
+            low = min(low, items[i][1])
+            mins[i] = low
+        waiting[name] = mins
+    latencies: list[float] = []
+    first: float | None = None
+    bound = _handoff_bound(sc)
+    end = t0_wall + sc.duration - 1.0
+    for summary in summaries:
+        for name, _fence, released in summary.releases:
+            if released > end or _disturbed(released - t0_wall + t0, None, quiet):
+                continue
+            items = grants.get(name, [])
+            index = bisect.bisect_right(items, (released, math.inf))
+            if index >= len(items) or waiting[name][index] >= released:
+                continue  # nobody was waiting
+            latency = items[index][0] - released
+            latencies.append(latency)
+            if latency > bound:
+                at = released - t0_wall
+                first = at if first is None else min(first, at)
+    return latencies, first
+
+
+def _handoff_bound(sc: Scenario) -> float:
+    """The most the hand-off p99 may be (see ``_HANDOFF_P99_TTLS``)."""
+    share = _HANDOFF_P99_TTLS_REDLOCK if sc.backend == "redlock" else _HANDOFF_P99_TTLS
+    return share * sc.ttl
+
+
+def _p99(values: Sequence[float]) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
 def _stale_budget(sc: Scenario, verdict: _Verdict) -> int:
     return _STALE_PER_FAULT * len(sc.faults) + verdict.sections // 1000
 
@@ -2216,6 +2901,8 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--backend", default="redis", choices=BACKENDS)
     worker.add_argument("--admin", default="", help="JSON: a direct way to the server")
     worker.add_argument("--closes", default="[]", help="JSON: when to close (seconds)")
+    worker.add_argument("--sample", default="[]", help="JSON: direct URLs to read expiry on")
+    worker.add_argument("--package", default="", help="the folder asynclock must come from")
     run = sub.add_parser("run", help="run scenarios and print their reports")
     run.add_argument("backends", nargs="*", default=list(BACKENDS), choices=BACKENDS)
     run.add_argument("--duration", type=float, default=60.0)
