@@ -95,6 +95,9 @@ ENDS = "the operation ends as it must"
 #     twice its node timeout; the fence round follows the acquire round).
 ANSWER = 0.5
 HAND_OFF = GIVE_BACK + RETRY.maximum + ANSWER
+# How much longer a contender not granted within HAND_OFF is watched, to tell a late grant
+# from none in the report.
+LATE_LOOK = 5.0
 # How long the contender holds while the operation runs without being seen to wait for it
 # (as the plain sweep's holder: a path whose wait is not recognised still goes on).
 HOLD_CAP = 1.0
@@ -149,6 +152,9 @@ class Contender:
         self.over_at: float | None = None  # loop time the operation was over
         self.granted_at = 0.0  # loop time of the contender's last grant
         self.holding = asyncio.Event()
+        # Set once the contender holds after the operation is over (it held at that
+        # moment, or was granted since).
+        self.served = asyncio.Event()
         self._ask = asyncio.Event()  # the operation was granted or is over: ask again
         self._closed = asyncio.Event()  # the operation's coordinator is closed
 
@@ -182,6 +188,8 @@ class Contender:
     def over(self) -> None:
         """The operation is over: its task ended and what it returned was released."""
         self.over_at = asyncio.get_running_loop().time()
+        if self.holding.is_set():
+            self.served.set()
         self._ask.set()
 
     def close(self) -> None:
@@ -226,6 +234,8 @@ class Contender:
         await self._on_server(lease, "when it was granted")
         self.believes = True
         self.holding.set()
+        if self.over_at is not None:
+            self.served.set()
 
     async def _hold(self) -> bool:
         """Hold until the operation's coordinator is closed (True), or the operation waits
@@ -238,6 +248,7 @@ class Contender:
                 task is not None
                 and not task.done()
                 and (loop.time() - began > HOLD_CAP or await parked(self.env, self.coord))
+                and not task.done()  # it may have ended while we looked
             ):
                 return False
             with contextlib.suppress(TimeoutError):
@@ -332,7 +343,9 @@ async def _run_contended(env: Env, op: Op, name: str, k: int | None, owners: Tas
         problems += [f"[{ENDS}] {p}" for p in ends]
         await _put_away(env, coord, op, lease, task, stepper=stepper, problems=problems)
         contender.over()
-        hand_off = await _handed_off(env, op, name, contender, contending, problems=problems)
+        hand_off = await _handed_off(
+            env, op, name, contender, contending, owners=owners, problems=problems
+        )
     finally:
         # Its releases count as the operation's too (the contender may be waiting).
         releases = contextlib.nullcontext() if stepper is None else reporting(stepper.probe)
@@ -398,28 +411,47 @@ async def _handed_off(
     contender: Contender,
     contending: asyncio.Task[None],
     *,
+    owners: TaskOwners,
     problems: list[str],
 ) -> float:
     """Seconds from the operation's end to the contender's grant (0 if it held already)."""
-    holding = asyncio.ensure_future(contender.holding.wait())
-    try:
-        await asyncio.wait(
-            {contending, holding}, timeout=HAND_OFF, return_when=asyncio.FIRST_COMPLETED
-        )
-    finally:
-        holding.cancel()
+    await _granted(contender, contending, HAND_OFF)
     if contending.done():
         error = None if contending.cancelled() else contending.exception()
         problems.append(f"[{BOUNDED}] the contender ended early: {error!r}")
         return 0.0
     assert contender.over_at is not None
-    if not contender.holding.is_set():
+    if not contender.served.is_set():
+        # Say what holds it, what of the operation's coordinator still runs, and whether
+        # the grant is only late (a slow give-back) or does not come (a leak).
+        reason = await not_free(env, op, name)
+        running = sorted(task.get_name() for task in owners.alive(FRESH))
+        await _granted(contender, contending, LATE_LOOK)
+        late = asyncio.get_running_loop().time() - contender.over_at
+        came = (
+            f"granted {late:.2f}s after it"
+            if contender.served.is_set()
+            else f"still not granted {late:.2f}s after it"
+        )
         problems.append(
             f"[{BOUNDED}] the contender was not granted within {HAND_OFF:g}s of the "
-            f"operation's end: {await not_free(env, op, name)}"
+            f"operation's end ({came}); then {reason}; the operation's coordinator ran "
+            f"{running}"
         )
         return HAND_OFF
     return max(0.0, contender.granted_at - contender.over_at)
+
+
+async def _granted(contender: Contender, contending: asyncio.Task[None], within: float) -> None:
+    """Until the contender was served after the operation's end (or ended), at most
+    ``within`` seconds."""
+    served = asyncio.ensure_future(contender.served.wait())
+    try:
+        await asyncio.wait(
+            {contending, served}, timeout=within, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        served.cancel()
 
 
 async def _end(contender: Contender, contending: asyncio.Task[None], problems: list[str]) -> None:
