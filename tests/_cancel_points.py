@@ -10,7 +10,9 @@ at that point on the next step). Nothing depends on timing.
 :func:`instrument` wraps a backend's methods on the instance (the library is untouched)
 so that each suspension is labelled with the backend call it happened in
 (``try_acquire``, ``waiter.exit``, ``publish:elected``, ...) and whether the server had
-already granted the operation's request ("+granted").
+already granted the operation's request ("+granted"). The run's :class:`Probe` also tells
+a contender (tests/test_cancel_contender.py) of each grant as it is answered and of the
+releases on their way.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = (
     "instrument",
     "owner",
     "phase",
+    "reporting",
 )
 
 T = TypeVar("T")
@@ -110,14 +113,39 @@ class TaskOwners:
 
 @dataclass
 class Probe:
-    """Per-run state the instrumented backend reports into (set in the op's task)."""
+    """Per-run state the instrumented backend reports into (set in the op's task).
+
+    ``on_grant(fence)`` is called (synchronously, in the task that made the call) as soon
+    as a ``try_acquire`` answers with a grant; ``releasing`` holds the tokens of the claims
+    whose ``release`` is on its way (from the call until its answer or failure).
+    """
 
     granted: bool = False
     labels: list[str] = field(default_factory=list)
+    on_grant: Callable[[int], None] | None = None
+    releasing: set[str] = field(default_factory=set)
 
     def label(self) -> str:
         where = _PHASE.get() or "core"
         return f"{where}+granted" if self.granted else where
+
+
+class reporting:
+    """Calls made inside the block (in this task, and tasks it starts there) report into
+    ``probe`` as the operation's own do (grants and releases; no labels)."""
+
+    __slots__ = ("_outer", "_probe")
+
+    def __init__(self, probe: Probe) -> None:
+        self._probe = probe
+        self._outer: Probe | None = None
+
+    def __enter__(self) -> None:
+        self._outer = _PROBE.get()
+        _PROBE.set(self._probe)
+
+    def __exit__(self, *exc: object) -> None:
+        _PROBE.set(self._outer)
 
 
 class phase:
@@ -215,15 +243,24 @@ class _PhasedCM(Generic[T]):
 
 
 def _wrap(
-    original: Callable[..., Awaitable[Any]], label: Callable[..., str]
+    original: Callable[..., Awaitable[Any]], label: Callable[..., str], *, release: bool = False
 ) -> Callable[..., Coroutine[Any, Any, Any]]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with phase(label(*args, **kwargs)):
-            result = await original(*args, **kwargs)
-        if isinstance(result, Attempt) and result.fence is not None:
-            probe = _PROBE.get()
-            if probe is not None:
-                probe.granted = True
+        probe = _PROBE.get()
+        releasing = probe.releasing if release and probe is not None else None
+        token: str = args[0].token if releasing is not None else ""
+        if releasing is not None:
+            releasing.add(token)
+        try:
+            with phase(label(*args, **kwargs)):
+                result = await original(*args, **kwargs)
+        finally:
+            if releasing is not None:
+                releasing.discard(token)
+        if isinstance(result, Attempt) and result.fence is not None and probe is not None:
+            probe.granted = True
+            if probe.on_grant is not None:
+                probe.on_grant(result.fence)
         return result
 
     return wrapper
@@ -239,7 +276,7 @@ def instrument(backend: Backend) -> None:
         "publish": lambda topic, message: f"publish:{message.split(' ', 1)[0]}",
     }
     for name, label in methods.items():
-        setattr(backend, name, _wrap(getattr(backend, name), label))
+        setattr(backend, name, _wrap(getattr(backend, name), label, release=name == "release"))
     for name in ("waiter", "listen"):
         original = getattr(backend, name)
 

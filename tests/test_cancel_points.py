@@ -37,7 +37,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -355,6 +355,7 @@ class Point:
     labels: list[str]
     problems: list[str]
     give_back: float
+    hand_off: float = 0.0  # with a contender: from the operation's end to its grant
 
 
 async def run_point(env: Env, op: Op, name: str, k: int | None, *, again: int = 0) -> Point:
@@ -536,30 +537,42 @@ class Sweep:
     seconds: float = 0.0
     slow_give_backs: list[str] = field(default_factory=list)  # "k (label): seconds"
     max_give_back: float = 0.0
+    max_hand_off: float = 0.0
     trace: list[str] = field(default_factory=list)
 
 
-async def sweep(env: Env, op: Op, name: str) -> Sweep:
+#: Runs one point: ``run(env, op, name, k)`` (:func:`run_point`, or with a contender).
+PointRunner = Callable[[Env, Op, str, int | None], Awaitable[Point]]
+
+
+async def sweep(
+    env: Env, op: Op, name: str, run: PointRunner | None = None, *, first_only: bool = False
+) -> Sweep:
     """Cancel at k = 1, 2, ... until the operation completes without a k-th point.
 
     Where the path is not the same from run to run (Redlock: how many times the caller
     wakes inside a fan-out depends on how the nodes' replies arrive), k goes on until
-    that many runs in a row completed, so that a longer path is not cut short.
+    that many runs in a row completed, so that a longer path is not cut short. ``run``
+    runs one point (default: :func:`run_point`); ``first_only`` ends the sweep at the
+    first point with a violation (what it left behind would be met by every later one).
     """
     result = Sweep()
     began = time.monotonic()
     try:
-        return await _sweep(env, op, name, result)
+        return await _sweep(env, op, name, result, run or run_point, first_only=first_only)
     finally:
         result.seconds = time.monotonic() - began
 
 
-async def _sweep(env: Env, op: Op, name: str, result: Sweep) -> Sweep:
+async def _sweep(
+    env: Env, op: Op, name: str, result: Sweep, run: PointRunner, *, first_only: bool
+) -> Sweep:
     settle = VARYING_PATHS.get(env.label, 1)
     completed = 0
     for k in range(1, MAX_POINTS + 1):
-        point = await run_point(env, op, name, k)
+        point = await run(env, op, name, k)
         result.max_give_back = max(result.max_give_back, point.give_back)
+        result.max_hand_off = max(result.max_hand_off, point.hand_off)
         if point.give_back > 0.1:
             result.slow_give_backs.append(f"k={k} ({point.label}) {point.give_back:.2f}s")
         if point.problems:
@@ -568,6 +581,8 @@ async def _sweep(env: Env, op: Op, name: str, result: Sweep) -> Sweep:
                 result.swallowed.append(line)
             else:
                 result.failures.append(line)
+                if first_only:
+                    return result
         if point.requested:
             completed = 0
             result.points = k
@@ -592,7 +607,8 @@ def safe_name(text: str) -> str:
 class _Summary:
     """Collects points per operation and backend; printed at the end of the run."""
 
-    def __init__(self) -> None:
+    def __init__(self, title: str = "cancellation points (per operation and backend)") -> None:
+        self.title = title
         self.rows: dict[tuple[str, str], Sweep] = {}
 
     def add(self, backend: str, op: str, result: Sweep) -> None:
@@ -604,7 +620,7 @@ class _Summary:
         backends = sorted({b for b, _ in self.rows}, key=_backend_order)
         ops = [op.name for op in OPS if any(o == op.name for _, o in self.rows)]
         write = terminalreporter.write_line
-        terminalreporter.section("cancellation points (per operation and backend)")
+        terminalreporter.section(self.title)
         width = max(len(o) for o in ops)
         write(f"{'operation':<{width}}  " + "".join(f"{b:>10}" for b in backends))
         total = 0
@@ -625,7 +641,7 @@ class _Summary:
         write(
             f"{total} points in {len(self.rows)} sweeps; {failing} sweeps with violations "
             f"(marked !), {swallowing} with only swallowed cancels (~); "
-            f"slowest give-back {slowest:.3f}s"
+            f"slowest give-back {slowest:.3f}s" + self._hand_offs()
         )
         for (b, o), row in sorted(self.rows.items(), key=lambda i: _backend_order(i[0][0])):
             slow = ", ".join(row.slow_give_backs)
@@ -635,6 +651,10 @@ class _Summary:
                 f"  {b}/{o} ({row.seconds:.1f}s): {', '.join(row.labels) or '(no suspension)'}"
                 f"{back}{lost}"
             )
+
+    def _hand_offs(self) -> str:
+        slowest = max(r.max_hand_off for r in self.rows.values())
+        return f"; slowest hand-off to the contender {slowest:.3f}s" if slowest else ""
 
 
 def _backend_order(name: str) -> int:
@@ -682,6 +702,7 @@ def _report(
 # -- every operation at every point ----------------------------------------------------------
 
 
+@pytest.mark.explore
 @pytest.mark.parametrize("op", OPS, ids=[op.name for op in OPS])
 async def test_cancelled_at_every_point_leaves_nothing(
     env: Env, op: Op, record_property: Callable[[str, object], None]
@@ -695,6 +716,7 @@ async def test_cancelled_at_every_point_leaves_nothing(
         assert result.points > 0, f"{op.name} never suspended on {env.label}"
 
 
+@pytest.mark.explore
 @pytest.mark.slow
 async def test_sentinel_every_point(
     asynclock_sentinel: SentinelSetup,
@@ -706,6 +728,7 @@ async def test_sentinel_every_point(
     await _topology_sweeps("sentinel", asynclock_sentinel.url, namespace, record_property)
 
 
+@pytest.mark.explore
 @pytest.mark.slow
 @pytest.mark.parametrize("asynclock_cluster", [0], indirect=True)
 async def test_cluster_every_point(
