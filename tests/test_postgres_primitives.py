@@ -23,10 +23,8 @@ from asynclock.postgres import advisory_key, lock_ids, permit_key, waiting_key
 
 from .conftest import eventually
 
-# A writer behind a steady stream of readers gets in once the readers inside when it
-# queued have left: their longest hold (READ_HOLD) plus this much for hand-offs.
+# How long each reader of a steady stream holds its read lock.
 READ_HOLD = 0.1
-WRITER_SLACK = 0.4
 # A waiter whose process was killed leaves the server's queue within PostgreSQL's
 # client_connection_check_interval (1 s) plus this.
 CHECK_SLACK = 1.0
@@ -355,11 +353,15 @@ class TestReadWriteLock:
         await r.release()
 
     async def test_writer_gets_in_despite_a_stream_of_readers(
-        self, coords: list[asynclock.Coordinator]
+        self, coords: list[asynclock.Coordinator], pool: asyncpg.Pool, namespace: str
     ) -> None:
         """A reader arrives every 10 ms and holds READ_HOLD (0.1 s), so ~10 overlap at all
-        times: a writer still gets in within READ_HOLD + WRITER_SLACK (0.5 s), and no
-        reader that asked after the writer queued was let in before it."""
+        times: a writer still gets in while the stream flows (without writer preference it
+        would wait until its timeout: the stream stops only once it is granted), it holds
+        alone, and no reader that asked after the writer was seen queued on the server
+        was let in before it. (Judged by the server's queue, not by a round-trip time: on
+        a loaded machine the writer's first request can take longer than a reader's hold.)"""
+        key = advisory_key("stream", namespace)
         stop = asyncio.Event()
         grants: list[tuple[float, float]] = []  # (asked, granted) per reader
         readers: set[asyncio.Task[None]] = set()
@@ -380,10 +382,17 @@ class TestReadWriteLock:
                 await asyncio.sleep(0.01)
 
         feeder = asyncio.create_task(stream())
+        queued_at = None
         try:
-            await asyncio.sleep(0.4)  # the stream flows: readers overlap
-            asked = time.monotonic()
-            writer = await coords[2].rwlock("stream", ttl=10, timeout=5).write().acquire()
+            assert await eventually(lambda: len(grants) > 5, within=30)  # readers overlap
+            acquiring = asyncio.create_task(
+                coords[2].rwlock("stream", ttl=10, timeout=10).write().acquire()
+            )
+            while not acquiring.done() and queued_at is None:
+                if await queued(pool, key) > 0:  # the writer (readers queue only behind it)
+                    queued_at = time.monotonic()
+                await asyncio.sleep(0.005)
+            writer = await acquiring
             granted = time.monotonic()
             await asyncio.sleep(0.05)
             releasing = time.monotonic()
@@ -392,15 +401,12 @@ class TestReadWriteLock:
         finally:
             stop.set()
             await feeder
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(30):
                 await asyncio.gather(*readers)
-        waited = granted - asked
-        assert waited < READ_HOLD + WRITER_SLACK, f"writer waited {waited:.3f}s"
         assert [g for g in grants if granted < g[1] < releasing] == []  # the writer was alone
-        # Readers that asked well after the writer (past its try-first round trip) were
-        # granted only after it.
-        barged = [g for g in grants if g[0] > asked + 0.05 and g[1] < granted]
-        assert barged == []
+        if queued_at is not None:  # (granted before any reader made it wait: nothing to see)
+            barged = [g for g in grants if g[0] > queued_at and g[1] < granted]
+            assert barged == []
         assert any(g[1] > granted for g in grants)
 
 
