@@ -36,29 +36,16 @@ from .server import Grant, Server
 if TYPE_CHECKING:
     from .network import Net, SimBackend
 
-__all__ = (
-    "KNOWN_BUGS",
-    "SHORTENING_EXTEND",
-    "STRAGGLING_NOSCRIPT",
-    "Checker",
-    "OpRecord",
-    "Violation",
-)
+__all__ = ("KNOWN_BUGS", "SHORTENING_EXTEND", "Checker", "OpRecord", "Violation")
 
 #: Found by this simulation on the engine and fixed (see tests/test_sim.py): while an
 #: extend request that shortens the lease had run on the server and its reply was on its
 #: way back, the lease still reported its old, longer validity. Kept as the name a
 #: checker tolerance would use, should a known bug ever need parking again.
 SHORTENING_EXTEND = "shortening-extend-in-flight"
-#: Found by the simulation's Redlock kind, not fixed yet: a release fanned out to the nodes
-#: returns at the first majority; a node that answers ``NOSCRIPT`` after that (its reply a
-#: straggler) is never sent the script, and keeps the lock until its TTL ends. Tolerated
-#: by treating such a reply as a fault of the client until that hold ends
-#: (tests/sim/redis_world.py).
-STRAGGLING_NOSCRIPT = "redlock-straggling-noscript"
 #: Engine bugs known and not yet fixed, whose windows the default run does not report
-#: (``--strict`` reports them).
-KNOWN_BUGS: frozenset[str] = frozenset((STRAGGLING_NOSCRIPT,))
+#: (``--strict`` reports them). None now.
+KNOWN_BUGS: frozenset[str] = frozenset()
 
 # Floating-point slack when comparing moments in virtual time.
 _EPS = 1e-9

@@ -6,8 +6,9 @@ does: ``SCRIPT LOAD`` compiles the source as the body of a function in an embedd
 5.1 runtime (``lupa.lua51``: Redis's Lua), ``EVALSHA`` sets ``KEYS`` and ``ARGV`` and
 calls it, and ``redis.call``/``redis.pcall`` come back here with Redis's conversions
 (integer replies to numbers, nil to ``false``, status replies to ``{ok=...}``, errors to
-``{err=...}``; Lua numbers passed as arguments are formatted with ``%.14g``; a script's
-number result is truncated to an integer, ``true`` is 1, ``false`` is nil).
+``{err=...}``; a Lua number passed as an argument is written as an integer when it is
+one; a script's number result is truncated to an integer, ``true`` is 1, ``false`` is
+nil). tests/test_sim.py holds the node to a real server's answers.
 
 Commands: the handshake ones (``HELLO``, ``CLIENT``, ``SELECT``, ``PING``,
 ``INFO server`` with its ``run_id``), ``SCRIPT LOAD``/``EVALSHA``/``EVAL``, and inside
@@ -130,11 +131,16 @@ def _score_text(score: float) -> str:
 
 
 def _lua_arg(value: Any) -> str:
-    """A ``redis.call`` argument as Redis sees it: numbers through ``%.14g``."""
+    """A ``redis.call`` argument as Redis (>= 7) sees it: a number with an integer value
+    as that integer, any other number in its shortest exact form."""
     if isinstance(value, bool):
         raise _Fail(Error("ERR Lua redis lib command arguments must be strings or integers"))
-    if isinstance(value, int | float):
-        return f"{value:.14g}"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 2**63:
+            return str(int(value))
+        return repr(value)
     if isinstance(value, bytes):
         return value.decode()
     if isinstance(value, str):
@@ -146,14 +152,14 @@ _PRELUDE = """
 local py_call, py_sha1 = ...
 redis = {}
 function redis.call(...)
-  local ok, value = py_call(...)
+  local ok, value = py_call(true, ...)
   if not ok then
     error(value, 0)
   end
   return value
 end
 function redis.pcall(...)
-  local ok, value = py_call(...)
+  local ok, value = py_call(false, ...)
   if not ok then
     return {err = value}
   end
@@ -188,10 +194,13 @@ class RedisNode:
         self.publish: Callable[[str, str], int] = lambda _c, _m: 0
         self.up = True
         self.restarts = 0
+        #: Counts the commands run (what a reader of the data may cache on).
+        self.version = 0
         self._start()
 
     def _start(self) -> None:
         self.run_id = self._run_ids()
+        self.version += 1
         self.data: dict[str, str | _Hash | _ZSet] = {}
         self.expires: dict[str, int] = {}  # key -> ms of node time
         self.scripts: dict[str, Any] = {}  # sha -> compiled Lua function
@@ -199,6 +208,7 @@ class RedisNode:
         self._lua = lua51.LuaRuntime(unpack_returned_tuples=True)
         self._lua.execute(_PRELUDE, self._from_lua, _sha1)
         self._frozen: int | None = None  # ms: time stands still inside a script
+        self._raised: list[str] = []  # the error of a redis.call ending the script, its command
 
     def crash(self) -> None:
         """The process dies: every key and script is gone (no persistence)."""
@@ -265,6 +275,7 @@ class RedisNode:
 
     def execute(self, args: list[str]) -> Any:
         """Run one command from a client; the reply (an :class:`Error` on failure)."""
+        self.version += 1
         try:
             return self._command(args, scripted=False)
         except _Fail as fail:
@@ -327,9 +338,14 @@ class RedisNode:
         lua_globals.KEYS = lua.table_from(keys)
         lua_globals.ARGV = lua.table_from(argv)
         self._frozen = self.mstime()
+        self._raised.clear()
         try:
             result = fn()
         except lua51.LuaError as exc:
+            # A failed redis.call ends the script with that command's error.
+            if self._raised:
+                error, command = self._raised
+                return Error(f"{error} script: {command}")
             return Error(f"ERR user_script: {exc}")
         finally:
             self._frozen = None
@@ -360,11 +376,14 @@ class RedisNode:
             return out
         return None
 
-    def _from_lua(self, *args: Any) -> tuple[bool, Any]:
-        """``redis.call`` from a script: (True, Lua value) or (False, error text)."""
+    def _from_lua(self, raising: bool, *args: Any) -> tuple[bool, Any]:
+        """``redis.call`` (``raising``) or ``redis.pcall`` from a script: (True, Lua
+        value) or (False, error text)."""
         try:
             reply = self._command([_lua_arg(a) for a in args], scripted=True)
         except _Fail as fail:
+            if raising:
+                self._raised[:] = [fail.error.text, str(args[0] if args else "")]
             return False, fail.error.text
         return True, self._to_lua(reply)
 

@@ -41,10 +41,9 @@ from asynclock.backends.base import Claim
 from asynclock.backends.redis import RedisBackend
 from asynclock.backends.redlock import RedlockBackend
 
-from .invariants import STRAGGLING_NOSCRIPT
 from .loop import DriftClock, SimClock, SimLoop, World
 from .network import NetConfig
-from .redis_node import Error, RedisNode, _sha1
+from .redis_node import RedisNode, _sha1
 from .server import Grant
 from .wire import Link, Wire, reply_text
 
@@ -209,12 +208,22 @@ class RedisView:
         self._unsighted: set[str] = set()  # Redlock grants no lease has shown yet
         self._sighted: set[str] = set()
         self.wire: Wire | None = None
-        self.checker: Checker | None = None
+        # (node, name) -> ((node's version, its ms), holders): the checks read every step.
+        self._cache: dict[tuple[int, str], tuple[tuple[int, int], Holders]] = {}
 
     # -- what a node holds ------------------------------------------------------------
 
     def _holders(self, node: RedisNode, name: str) -> Holders:
         """Unexpired holders of ``name`` on ``node`` (locks, readers, permits)."""
+        stamp = (node.version, node.mstime())
+        cached = self._cache.get((node.index, name))
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        out = self._read_holders(node, name)
+        self._cache[(node.index, name)] = (stamp, out)
+        return out
+
+    def _read_holders(self, node: RedisNode, name: str) -> Holders:
         out: Holders = {}
         base = f"{_PREFIX}:{{{name}}}"
         value = node.peek_str(base)
@@ -273,15 +282,23 @@ class RedisView:
         return ends[self.quorum - 1] if len(ends) >= self.quorum else None
 
     def held_values(self) -> list[tuple[str, str, float]]:
-        """Every unexpired holder on a live node: (name, value, its latest expiry)."""
-        latest: dict[tuple[str, str], float] = {}
+        """Every unexpired holder, on a majority of the live nodes: (name, value, when
+        that majority ends). A minority a release did not reach (a node that failed or
+        answered after the fan-out decided) is left to its TTL: Redlock decides at the
+        first majority by design."""
+        ends: dict[tuple[str, str], list[float]] = {}
         for node in self.nodes:
             if not node.up:
                 continue
             for name in self.names:
                 for (_, value), (end, _) in self._holders(node, name).items():
-                    latest[(name, value)] = max(latest.get((name, value), end), end)
-        return [(name, value, end) for (name, value), end in latest.items()]
+                    ends.setdefault((name, value), []).append(end)
+        q = self.quorum
+        return [
+            (name, value, sorted(found, reverse=True)[q - 1])
+            for (name, value), found in ends.items()
+            if len(found) >= q
+        ]
 
     def queued(self, name: str, value: str) -> float | None:
         """When ``value``'s live place in a waiter queue of ``name`` lapses (one node)."""
@@ -344,8 +361,6 @@ class RedisView:
         if script in _RELEASES and own:
             self.released.setdefault(own[0], self.world.now)
         self._check_stale(run)
-        if script in _RELEASES and isinstance(reply, Error) and reply.text.startswith("NOSCRIPT"):
-            self._release_unknown(run)
         for name in names:
             for (kind, value), (_, fence) in run.after[name].items():
                 if (kind, value) not in run.before[name]:
@@ -373,24 +388,6 @@ class RedisView:
                     done.add(value)
             elif not (run.script in _RELEASES and value in done):
                 self.on_stale(run.script, value)
-
-    def _release_unknown(self, run: _ScriptRun) -> None:
-        """A release found the script unloaded. When Redlock had decided before this
-        reply came, nobody loads it and sends the release again: the hold stays until its
-        TTL ends (a known bug, :data:`~tests.sim.invariants.STRAGGLING_NOSCRIPT`)."""
-        if self.checker is None or STRAGGLING_NOSCRIPT not in self.checker.tolerate:
-            return
-        if self.wire is None or len(self.nodes) == 1:
-            return
-        ends = [
-            end
-            for name in run.names
-            for (_, value), (end, _) in run.before[name].items()
-            if value in run.own
-        ]
-        if ends:
-            faults = self.wire.last_fault
-            faults[run.client] = max(faults.get(run.client, -1.0), *ends)
 
     def _held(self, run: _ScriptRun, kind: str, name: str, value: str, fence: int) -> None:
         """``value`` now holds ``name`` on a node: a grant once a majority holds it."""
@@ -628,7 +625,6 @@ class RedisWorld:
     def attach(self, checker: Checker) -> None:
         """Let the view fail the run with the checker's verdicts."""
         self.view.fail = checker.fail
-        self.view.checker = checker
 
     def adapt(self, workers: list[tuple[int, list[dict[str, Any]]]]) -> None:
         """Redlock has plain locks and elections only: other kinds become plain locks."""

@@ -10,8 +10,9 @@ host names its client and node (``c1.n2``), so that every message is attributed.
 Faults, drawn from the seed: delay spikes; partitions of a client or of a node, which hold
 messages both ways until they heal; resets of one connection, which the client sees as
 ``ConnectionResetError`` and the node as a closed connection (commands in flight ran
-before the reset, are dropped, or land late after it, at random); and node crashes
-(every connection reset, commands in flight lost, connects refused while it is down).
+before the reset, are dropped, or land late after it, at random, as they do when the
+client gives a connection up: a socket timeout); and node crashes (every connection
+reset, commands in flight lost, connects refused while it is down).
 
 :class:`Wire` also plays the server's side of pub/sub (subscriptions belong to a
 connection) and hands every command to an ``execute`` hook (the record of the checks).
@@ -140,6 +141,7 @@ class Link:
         "last_up",
         "node",
         "open",
+        "outstanding",
         "parser",
         "subscribed",
         "transport",
@@ -154,6 +156,7 @@ class Link:
         self.last_up = 0.0
         self.last_down = 0.0
         self.in_flight: dict[int, _Chunk] = {}
+        self.outstanding = 0  # writes whose replies the client has not received
         self.parser = hiredis.Reader()
         self.subscribed: dict[str, None] = {}  # channels, in subscription order
         self.transport: SimTransport | None = None
@@ -264,11 +267,17 @@ class Wire:
 
     def closed_by_client(self, link: Link) -> None:
         """The client closed its end: the node forgets the connection (commands already
-        on their way still run when they land; their replies go nowhere)."""
+        on their way still run when they land; their replies go nowhere). Closed with a
+        request unanswered (a socket timeout), it is a fault of the client, as a reset is."""
         if link.open:
+            if link.outstanding:
+                self.record("abort", f"c{link.client} gives up a connection to n{link.node}")
+                faults = self.last_fault
+                faults[link.client] = max(faults.get(link.client, -1.0), self.world.now)
             link.open = False
             link.subscribed.clear()
             self.links.pop(link.id, None)
+            self._settle(link, lost=False)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -281,6 +290,7 @@ class Wire:
         if not commands or not link.open:
             return
         chunk = _Chunk(commands, CURRENT_OP.get())
+        link.outstanding += 1
         n = next(self._chunks)
         link.in_flight[n] = chunk
         arrive = max(self._transit(link.client, link.node, self.world.now), link.last_up)
@@ -305,9 +315,7 @@ class Wire:
         out = [self._run(link, chunk, command) for command in chunk.commands]
         if not link.open or chunk.fate:
             return
-        data = b"".join(out)
-        if data:
-            self._down(link, data, replies=len(chunk.commands))
+        self._down(link, b"".join(out), replies=len(chunk.commands))
 
     def _run(self, link: Link, chunk: _Chunk, command: list[str]) -> bytes:
         name = command[0].upper()
@@ -324,8 +332,11 @@ class Wire:
 
         def deliver() -> None:
             if link.open and link.transport is not None:
-                self.requests_done += replies
-                link.transport.receive(data)
+                if replies:
+                    self.requests_done += replies
+                    link.outstanding -= 1
+                if data:
+                    link.transport.receive(data)
 
         self.world.deliver(back, deliver)
 
@@ -377,6 +388,16 @@ class Wire:
         self.links.pop(link.id, None)
         now = self.world.now
         self.last_fault[link.client] = max(self.last_fault.get(link.client, -1.0), now)
+        self._settle(link, lost=lost)
+        self.record("reset", f"c{link.client} conn to n{link.node} ({why})")
+        transport = link.transport
+        if transport is not None:
+            error = ConnectionResetError(f"connection reset ({why})")
+            self.world.deliver(now, lambda: transport.lost(error))
+
+    def _settle(self, link: Link, *, lost: bool) -> None:
+        """What becomes of commands on their way when their connection ends: they ran
+        just before, land late, or are dropped (all dropped when ``lost``)."""
         for chunk in list(link.in_flight.values()):
             r = self.rng.random()
             if lost:
@@ -391,11 +412,6 @@ class Wire:
                 chunk.fate = "late"
             else:
                 chunk.fate = "drop"
-        self.record("reset", f"c{link.client} conn to n{link.node} ({why})")
-        transport = link.transport
-        if transport is not None:
-            error = ConnectionResetError(f"connection reset ({why})")
-            self.world.deliver(now, lambda: transport.lost(error))
 
     def reset_random(self) -> None:
         """A fault event: reset one open connection of one client."""

@@ -635,7 +635,7 @@ def run_seed(
         result.steps = loop.steps
         result.requests = sim.net.requests_done
         result.ops = len(sim.ops)
-        _shutdown(loop)
+        _shutdown(loop, list(sim.coords.values()))
     finally:
         sim.patches.close()
         asyncio.set_event_loop(None)
@@ -651,11 +651,15 @@ def _stop_hung(main: asyncio.Task[None], sim: _Sim) -> None:
     main.cancel()
 
 
-def _shutdown(loop: SimLoop) -> None:
-    """Cancel whatever a failed run left, let it unwind, close the loop."""
+def _shutdown(loop: SimLoop, coords: list[Coordinator]) -> None:
+    """Close the coordinators a failed run left open (and their connections), cancel
+    whatever else is left, let it unwind, close the loop."""
     loop.after_step = None
     loop.world.after_event = None
     try:
+        closing = [loop.create_task(coord.aclose()) for coord in coords if not coord.closed]
+        if closing:
+            loop.run_until_complete(asyncio.wait(closing, timeout=60.0))
         # Cancelled tasks may start others (a give-back): a few rounds until none is left.
         for _ in range(5):
             pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
