@@ -29,6 +29,7 @@ from asynclock import Coordinator, LockError
 from asynclock.backends import MemoryBackend
 from asynclock.backends.base import Claim
 from asynclock.testing import ManualClock
+from tests.sim.invariants import ABANDONED_ROUND, KNOWN_BUGS
 from tests.sim.loop import DriftClock, World
 from tests.sim.mutants import DEFAULT_SEEDS, KIND_SEEDS
 from tests.sim.mutants import main as mutants_main
@@ -189,6 +190,19 @@ def test_mutants_are_killed(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     print(out)
     assert code == 0, out
+
+
+def test_known_bug_redlock_abandoned_round() -> None:
+    """Redlock seed 15, strict: an acquire's first round lands on four of five nodes while
+    a partition holds its replies; the client gives the connections up, later rounds take
+    fresh tokens and fail (QuorumError), and the give-back releases only the last round's
+    value: the first round holds the lock on a majority until its TTL (found by this
+    simulation; not fixed yet, tolerated by default as ABANDONED_ROUND)."""
+    strict = run_seed(15, tolerate=frozenset(), kind="redlock")
+    assert not strict.ok
+    assert strict.invariant == "3-give-back", strict.report()
+    assert ABANDONED_ROUND in KNOWN_BUGS
+    assert run_seed(15, kind="redlock").ok
 
 
 # The node's side of Redis's Lua conversions, run on a real server too: integer and float

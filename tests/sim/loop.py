@@ -8,7 +8,9 @@ like ready sockets. A client pause stalls the loop: virtual time jumps while the
 goes on and the client runs nothing.
 
 Tasks get a deterministic hash (their creation number), so that sets of tasks iterate in
-the same order on every run of a seed, whatever the memory addresses.
+the same order on every run of a seed, whatever the memory addresses. The loop's
+``create_connection`` connects through the world's simulated network, if it has one
+(:class:`Connector`, :mod:`tests.sim.wire`): there are no sockets.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The default run's seeds (tests/test_sim.py explores the same range).
 DEFAULT_SEEDS = "0:5000"
 #: The default run's seeds of the Redis kinds, slower per seed (tests/test_sim.py).
-KIND_SEEDS = {"memory": DEFAULT_SEEDS, "redis": "0:200", "redlock": "0:100"}
+KIND_SEEDS = {"memory": DEFAULT_SEEDS, "redis": "0:300", "redlock": "0:120"}
 
 
 @dataclass(frozen=True)

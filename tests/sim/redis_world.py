@@ -41,6 +41,7 @@ from asynclock.backends.base import Claim
 from asynclock.backends.redis import RedisBackend
 from asynclock.backends.redlock import RedlockBackend
 
+from .invariants import ABANDONED_ROUND
 from .loop import DriftClock, SimClock, SimLoop, World
 from .network import NetConfig
 from .redis_node import RedisNode, _sha1
@@ -205,9 +206,12 @@ class RedisView:
         # What a crashed node held, until it is back: (kind, name, value) -> expiry.
         self._ghosts: dict[int, dict[tuple[str, str, str], float]] = {}
         self._ghost_fences: dict[int, dict[str, int]] = {}
-        self._unsighted: set[str] = set()  # Redlock grants no lease has shown yet
         self._sighted: set[str] = set()
         self.wire: Wire | None = None
+        self.checker: Checker | None = None
+        # The values each workload operation's acquires sent, in order (Redlock rounds).
+        self._rounds: dict[int, list[str]] = {}
+        self._round_of: dict[str, int] = {}
         # (node, name) -> ((node's version, its ms), holders): the checks read every step.
         self._cache: dict[tuple[int, str], tuple[tuple[int, int], Holders]] = {}
 
@@ -297,8 +301,16 @@ class RedisView:
         return [
             (name, value, sorted(found, reverse=True)[q - 1])
             for (name, value), found in ends.items()
-            if len(found) >= q
+            if len(found) >= q and not self._abandoned(value)
         ]
+
+    def _abandoned(self, value: str) -> bool:
+        """A Redlock round's value that a later round of the same acquire replaced,
+        left to its TTL while :data:`~tests.sim.invariants.ABANDONED_ROUND` is tolerated."""
+        if self.checker is None or ABANDONED_ROUND not in self.checker.tolerate:
+            return False
+        rounds = self._rounds.get(self._round_of.get(value, -1), [])
+        return bool(rounds) and rounds[-1] != value
 
     def queued(self, name: str, value: str) -> float | None:
         """When ``value``'s live place in a waiter queue of ``name`` lapses (one node)."""
@@ -329,6 +341,22 @@ class RedisView:
         return {}
 
     # -- watching the nodes ---------------------------------------------------------------
+
+    def observe(self, client: int, op: int, args: list[str]) -> None:
+        """A client wrote a command: note the values an operation's acquires and releases
+        name, in order (a Redlock acquire's rounds), whether they land or not."""
+        if op < 0 or len(args) < 3 or args[0].upper() != "EVALSHA":
+            return
+        script = self.scripts.get(args[1].lower(), "")
+        if script not in _ACQUIRES and script not in _RELEASES:
+            return
+        try:
+            value = args[3 + int(args[2])]
+        except (IndexError, ValueError):
+            return
+        if value not in self._round_of:
+            self._round_of[value] = op
+            self._rounds.setdefault(op, []).append(value)
 
     def execute(self, node: RedisNode, client: int, op: int, args: list[str]) -> Any:
         """Run a command on ``node`` for ``client``, noting what a script changed."""
@@ -416,7 +444,6 @@ class RedisView:
             # Redlock: the lease's fence is the one its client settles on (the largest
             # its majority answered, written back): checked when the lease shows.
             grant.fence = max(self._counters(name))
-            self._unsighted.add(value)
 
     def node_down(self, index: int) -> None:
         """Node ``index`` crashes now: keep what it held (see the module's docstring)."""
@@ -454,7 +481,6 @@ class RedisView:
                     f"{len(self.nodes)} nodes hold it (a majority is {self.quorum})",
                 )
             return
-        self._unsighted.discard(value)
         stored = sum(counter >= fence for counter in self._counters(name))
         if stored < self.quorum and held:
             self.fail(
@@ -533,6 +559,7 @@ class RedisWorld:
         )
         self.view.wire = self.wire
         self.wire.execute = self.view.execute
+        self.wire.observe = self.view.observe
         self.clients: list[int] = []
         for start, end, node in node_partitions:
             record("plan", f"n{node} partitioned {start:.3f}..{end:.3f}")
@@ -625,6 +652,7 @@ class RedisWorld:
     def attach(self, checker: Checker) -> None:
         """Let the view fail the run with the checker's verdicts."""
         self.view.fail = checker.fail
+        self.view.checker = checker
 
     def adapt(self, workers: list[tuple[int, list[dict[str, Any]]]]) -> None:
         """Redlock has plain locks and elections only: other kinds become plain locks."""

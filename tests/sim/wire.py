@@ -191,6 +191,9 @@ class Wire:
         self.record = record
         self.classify = classify
         self.execute: Execute = lambda node, _c, _o, args: node.execute(args)
+        #: Told of every command a client writes, (client, operation, command), whether
+        #: it ever lands or not.
+        self.observe: Callable[[int, int, list[str]], None] = lambda _c, _o, _a: None
         self.links: dict[int, Link] = {}  # open connections
         self._ids = itertools.count()
         self._chunks = itertools.count()
@@ -296,6 +299,8 @@ class Wire:
         arrive = max(self._transit(link.client, link.node, self.world.now), link.last_up)
         link.last_up = arrive
         self.world.schedule(arrive, lambda: self._arrive(link, n, chunk))
+        for command in commands:
+            self.observe(link.client, chunk.op, command)
         if self.on_send is not None:
             for command in commands:
                 self.on_send(self.classify(command))
