@@ -9,4 +9,9 @@ while :mod:`tests.sim.invariants` checks the safety invariants (README, "Guarant
 after every loop step and every server event. :mod:`tests.sim.runner` runs seeds
 (``python -m tests.sim.runner --seed N`` replays one), :mod:`tests.sim.mutants` checks
 that re-introduced bugs are caught.
+
+The Redis kinds (:mod:`tests.sim.redis_world`) replace the simulated server, network and
+client backend with the real Redis and Redlock backends, connected through the loop's
+``create_connection`` (:mod:`tests.sim.wire`) to simulated Redis nodes that run the
+shipped Lua scripts (:mod:`tests.sim.redis_node`); the same workloads and checks run.
 """

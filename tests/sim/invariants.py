@@ -36,16 +36,30 @@ from .server import Grant, Server
 if TYPE_CHECKING:
     from .network import Net, SimBackend
 
-__all__ = ("KNOWN_BUGS", "SHORTENING_EXTEND", "Checker", "OpRecord", "Violation")
+__all__ = (
+    "ABANDONED_ROUND",
+    "KNOWN_BUGS",
+    "SHORTENING_EXTEND",
+    "Checker",
+    "OpRecord",
+    "Violation",
+)
 
 #: Found by this simulation on the engine and fixed (see tests/test_sim.py): while an
 #: extend request that shortens the lease had run on the server and its reply was on its
 #: way back, the lease still reported its old, longer validity. Kept as the name a
 #: checker tolerance would use, should a known bug ever need parking again.
 SHORTENING_EXTEND = "shortening-extend-in-flight"
+#: Found by the Redlock kind of this simulation, not fixed yet: an acquire's round whose
+#: replies are lost (a partition, timeouts) may still have taken a majority; its own
+#: give-back goes once, within the node timeout, and the next round takes a fresh token,
+#: so the coordinator's give-back after the acquire failed (QuorumError) releases only
+#: the last round's value: the earlier one holds the lock until its TTL. Tolerated by
+#: leaving such values to their TTL (tests/sim/redis_world.py).
+ABANDONED_ROUND = "redlock-abandoned-round"
 #: Engine bugs known and not yet fixed, whose windows the default run does not report
-#: (``--strict`` reports them). None now.
-KNOWN_BUGS: frozenset[str] = frozenset()
+#: (``--strict`` reports them).
+KNOWN_BUGS: frozenset[str] = frozenset((ABANDONED_ROUND,))
 
 # Floating-point slack when comparing moments in virtual time.
 _EPS = 1e-9

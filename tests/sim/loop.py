@@ -8,7 +8,9 @@ like ready sockets. A client pause stalls the loop: virtual time jumps while the
 goes on and the client runs nothing.
 
 Tasks get a deterministic hash (their creation number), so that sets of tasks iterate in
-the same order on every run of a seed, whatever the memory addresses.
+the same order on every run of a seed, whatever the memory addresses. The loop's
+``create_connection`` connects through the world's simulated network, if it has one
+(:class:`Connector`, :mod:`tests.sim.wire`): there are no sockets.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import itertools
 import math
 from collections.abc import Callable, Coroutine, Generator
 from contextvars import Context
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from asynclock._clock import Timer
 
-__all__ = ("Deadlock", "SimClock", "SimLoop", "SimTask", "World")
+__all__ = ("Connector", "Deadlock", "DriftClock", "SimClock", "SimLoop", "SimTask", "World")
 
 T = TypeVar("T")
 
@@ -69,6 +71,9 @@ class World:
         #: Called after each event of the world (the invariant checks).
         self.after_event: Callable[[], None] | None = None
         self.events_run = 0
+        #: Where the loop's ``create_connection`` connects (a simulated network of
+        #: servers speaking their own protocol, :class:`tests.sim.wire.Wire`), if any.
+        self.connector: Connector | None = None
 
     def schedule(self, when: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` (a server or network action) at virtual time ``when``."""
@@ -140,6 +145,14 @@ class World:
             self.after_event()
 
 
+class Connector(Protocol):
+    """A simulated network that the loop's ``create_connection`` connects through."""
+
+    async def connect(
+        self, factory: Callable[[], asyncio.BaseProtocol], host: str, port: int
+    ) -> tuple[asyncio.Transport, asyncio.BaseProtocol]: ...
+
+
 class _Selector:
     """What the loop polls: the world, advanced as far as the loop would block."""
 
@@ -198,6 +211,19 @@ class SimLoop(asyncio.BaseEventLoop):
     ) -> asyncio.Task[T]:
         self._check_closed()  # type: ignore[attr-defined]
         return SimTask(coro, loop=self, name=name, context=context)
+
+    async def create_connection(  # type: ignore[override]
+        self,
+        protocol_factory: Callable[[], asyncio.BaseProtocol],
+        host: str | None = None,
+        port: int | None = None,
+        **kwargs: Any,
+    ) -> tuple[asyncio.Transport, asyncio.BaseProtocol]:
+        """A connection over the world's simulated network (there are no sockets)."""
+        connector = self.world.connector
+        if connector is None or host is None or port is None:
+            raise OSError(f"no simulated network reaches {host}:{port}")
+        return await connector.connect(protocol_factory, host, port)
 
     def _process_events(self, event_list: list[Callable[[], None]]) -> None:
         for fn in event_list:

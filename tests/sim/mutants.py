@@ -20,6 +20,16 @@ The mutants (see ``git log`` for the fixes):
 - ``giveup-exit`` (issue 14, item 8): a waiter whose exit from the wait is interrupted (a
   second cancel as the first one's clean-up starts) does not leave the waiter queue in
   the background; its place stays until it lapses.
+
+Mutants of the Redis protocol code, caught by the Redis kinds' seeds (the real backends
+over simulated nodes, :mod:`tests.sim.redis_world`; ``Mutant.kind`` says which):
+
+- ``redlock-majority``: Redlock's majority is miscounted (``n // 2``, one short);
+- ``fence-not-incremented``: the acquire scripts' fence does not move past a counter
+  that is ahead of the server's clock (it repeats the last fence);
+- ``release-no-owner``: the release script deletes the lock whoever holds it;
+- ``validity-from-reply``: a lease's validity is counted from the grant's reply instead
+  of from before its request was sent.
 """
 
 from __future__ import annotations
@@ -43,6 +53,8 @@ __all__ = ("MUTANTS", "Mutant", "Outcome", "main", "run_mutant")
 ROOT = Path(__file__).resolve().parents[2]
 #: The default run's seeds (tests/test_sim.py explores the same range).
 DEFAULT_SEEDS = "0:5000"
+#: The default run's seeds of the Redis kinds, slower per seed (tests/test_sim.py).
+KIND_SEEDS = {"memory": DEFAULT_SEEDS, "redis": "0:300", "redlock": "0:120"}
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,7 @@ class Mutant:
     name: str
     description: str
     edits: tuple[tuple[str, str, str], ...]  # (path, fixed code, buggy code)
+    kind: str = "memory"  # the simulated backend whose seeds must catch it
 
 
 MUTANTS = (
@@ -132,6 +145,51 @@ MUTANTS = (
             ),
         ),
     ),
+    Mutant(
+        "redlock-majority",
+        "Redlock majority miscounted: n // 2 nodes are taken for a majority",
+        (
+            (
+                "backends/redlock.py",
+                "        self.quorum = len(self._nodes) // 2 + 1\n",
+                "        self.quorum = len(self._nodes) // 2\n",
+            ),
+        ),
+        kind="redlock",
+    ),
+    Mutant(
+        "fence-not-incremented",
+        "the acquire scripts repeat a fence counter that is ahead of the server's clock",
+        (("backends/_scripts.py", "    fence = last + 1\n", "    fence = last\n"),),
+        kind="redlock",
+    ),
+    Mutant(
+        "release-no-owner",
+        "the release script deletes the lock without checking who holds it",
+        (
+            (
+                "backends/_scripts.py",
+                "if redis.call('GET', KEYS[1]) == ARGV[1] then\n  redis.call('DEL', KEYS[1])\n",
+                "if redis.call('GET', KEYS[1]) then\n  redis.call('DEL', KEYS[1])\n",
+            ),
+        ),
+        kind="redis",
+    ),
+    Mutant(
+        "validity-from-reply",
+        "a lease's validity counted from the grant's reply, not from before the request",
+        (
+            (
+                "_lock.py",
+                "            attempt, start = await self._grant(claim, deadline)\n"
+                "            if attempt.start is not None:\n",
+                "            attempt, start = await self._grant(claim, deadline)\n"
+                "            start = clock.now()\n"
+                "            if attempt.start is not None:\n",
+            ),
+        ),
+        kind="redis",
+    ),
 )
 
 
@@ -158,8 +216,9 @@ def apply(mutant: Mutant, package: Path) -> None:
         file.write_text(text.replace(fixed, buggy))
 
 
-def run_mutant(mutant: Mutant, seeds: str, jobs: int, timeout: float) -> Outcome:
-    """Run ``seeds`` against a copy of the package with ``mutant`` applied."""
+def run_mutant(mutant: Mutant, seeds: str | None, jobs: int, timeout: float) -> Outcome:
+    """Run ``seeds`` (None: the default seeds of the mutant's kind) against a copy of the
+    package with ``mutant`` applied."""
     with tempfile.TemporaryDirectory(prefix=f"asynclock-mutant-{mutant.name}-") as tmp:
         package = Path(tmp) / "asynclock"
         shutil.copytree(ROOT / "asynclock", package, ignore=shutil.ignore_patterns("__pycache__"))
@@ -175,9 +234,11 @@ def run_mutant(mutant: Mutant, seeds: str, jobs: int, timeout: float) -> Outcome
             "tests.sim.mutants",
             "--child",
             "--seeds",
-            seeds,
+            seeds or KIND_SEEDS[mutant.kind],
             "--jobs",
             str(jobs),
+            "--kind",
+            mutant.kind,
         ]
         began = time.perf_counter()
         try:
@@ -206,13 +267,13 @@ def run_mutant(mutant: Mutant, seeds: str, jobs: int, timeout: float) -> Outcome
         return Outcome(mutant.name, False, None, "", seconds, proc.stderr[-2000:])
 
 
-def _child(seeds: str, jobs: int) -> int:
+def _child(seeds: str, jobs: int, kind: str) -> int:
     """In the subprocess: check the copy is the one imported, explore, say what failed."""
     where = Path(asynclock.__file__).resolve().parent
     if where == ROOT / "asynclock":
         print("the mutated copy is not the package imported", file=sys.stderr)
         return 2
-    summary = explore(parse_range(seeds), jobs=jobs, stop_at_first=True)
+    summary = explore(parse_range(seeds), jobs=jobs, stop_at_first=True, kind=kind)
     if summary.failures:
         first = summary.failures[0]
         print(f"FIRST {first.seed} {first.invariant} {summary.first_failure_after or 0.0:.2f}")
@@ -226,22 +287,23 @@ def main(argv: list[str] | None = None) -> int:
     """Run every mutant (or those named); exit 1 if one survives."""
     parser = argparse.ArgumentParser(prog="python -m tests.sim.mutants", description=__doc__)
     parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
-    parser.add_argument("--seeds", default=DEFAULT_SEEDS)
+    parser.add_argument("--seeds", help="seeds to run (default: the mutant kind's defaults)")
+    parser.add_argument("--kind", default="memory", help=argparse.SUPPRESS)
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--verbose", action="store_true", help="print each failure's report")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        return _child(args.seeds, args.jobs)
+        return _child(args.seeds or KIND_SEEDS[args.kind], args.jobs, args.kind)
     chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
     survived = False
     for mutant in chosen:
         outcome = run_mutant(mutant, args.seeds, args.jobs, args.timeout)
         if outcome.killed:
             print(
-                f"{mutant.name}: killed by seed {outcome.seed} ({outcome.invariant}) "
-                f"after {outcome.seconds:.1f}s  [{mutant.description}]"
+                f"{mutant.name}: killed by {mutant.kind} seed {outcome.seed} "
+                f"({outcome.invariant}) after {outcome.seconds:.1f}s  [{mutant.description}]"
             )
             if args.verbose:
                 print(outcome.report)

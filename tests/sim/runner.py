@@ -2,7 +2,9 @@
 
 ``python -m tests.sim.runner --seed 123 --trace`` replays seed 123 and prints its whole
 trace; ``python -m tests.sim.runner --seeds 0:2000 --jobs 2`` explores a range and stops
-at the first failure (``--all`` goes on), printing seeds per second.
+at the first failure (``--all`` goes on), printing seeds per second. ``--kind redis`` or
+``--kind redlock`` runs the real Redis backends over simulated nodes instead of the
+simulated memory table (``--kind memory``, the default).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from .invariants import KNOWN_BUGS
+from .redis_world import KINDS
 from .workload import Result, run_seed
 
 __all__ = ("Summary", "explore", "main", "parse_range")
@@ -39,10 +42,10 @@ class Summary:
         return self.seeds / self.seconds if self.seconds else 0.0
 
 
-def _run_chunk(seeds: Sequence[int], stop_at_first: bool) -> list[Result]:
+def _run_chunk(seeds: Sequence[int], stop_at_first: bool, kind: str = "memory") -> list[Result]:
     out = []
     for seed in seeds:
-        result = run_seed(seed)
+        result = run_seed(seed, kind=kind)
         out.append(result)
         if not result.ok and stop_at_first:
             break
@@ -54,13 +57,16 @@ def _chunks(seeds: Sequence[int], size: int) -> Iterator[Sequence[int]]:
         yield seeds[i : i + size]
 
 
-def explore(seeds: Sequence[int], *, jobs: int = 2, stop_at_first: bool = True) -> Summary:
-    """Run ``seeds`` on ``jobs`` processes (1: in this process); failures in seed order."""
+def explore(
+    seeds: Sequence[int], *, jobs: int = 2, stop_at_first: bool = True, kind: str = "memory"
+) -> Summary:
+    """Run ``seeds`` of backend ``kind`` on ``jobs`` processes (1: in this process);
+    failures in seed order."""
     summary = Summary()
     began = time.perf_counter()
     if jobs <= 1:
         for seed in seeds:
-            result = run_seed(seed)
+            result = run_seed(seed, kind=kind)
             summary.seeds += 1
             if not result.ok:
                 summary.failures.append(result)
@@ -72,9 +78,11 @@ def explore(seeds: Sequence[int], *, jobs: int = 2, stop_at_first: bool = True) 
         summary.seconds = time.perf_counter() - began
         return summary
     context = multiprocessing.get_context("spawn")
+    # Smaller chunks for the slower kinds: both processes stay busy to the end.
+    size = _CHUNK if kind == "memory" else 5
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
         futures = [
-            pool.submit(_run_chunk, chunk, stop_at_first) for chunk in _chunks(seeds, _CHUNK)
+            pool.submit(_run_chunk, chunk, stop_at_first, kind) for chunk in _chunks(seeds, size)
         ]
         try:
             for future in futures:
@@ -114,12 +122,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--all", action="store_true", help="go on after the first failure")
     parser.add_argument(
+        "--kind", default="memory", choices=("memory", *KINDS), help="the simulated backend"
+    )
+    parser.add_argument(
         "--strict", action="store_true", help="report known engine bugs too (see KNOWN_BUGS)"
     )
     args = parser.parse_args(argv)
     if args.seed is not None:
         tolerate = frozenset() if args.strict else KNOWN_BUGS
-        result = run_seed(args.seed, full_trace=args.trace, tolerate=tolerate)
+        result = run_seed(args.seed, full_trace=args.trace, tolerate=tolerate, kind=args.kind)
         if args.trace:
             print("\n".join(result.trace))
         print(result.report() if not result.ok else f"seed {args.seed}: ok")
@@ -129,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 0 if result.ok else 1
     seeds = parse_range(args.seeds)
-    summary = explore(seeds, jobs=args.jobs, stop_at_first=not args.all)
+    summary = explore(seeds, jobs=args.jobs, stop_at_first=not args.all, kind=args.kind)
     for failure in summary.failures:
         print(failure.report())
     print(

@@ -24,7 +24,7 @@ import logging
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from asynclock import Backoff, Coordinator, Lease
 from asynclock._errors import LockError
@@ -32,6 +32,7 @@ from asynclock._errors import LockError
 from .invariants import KNOWN_BUGS, Checker, OpRecord, Violation
 from .loop import Deadlock, DriftClock, SimClock, SimLoop, World
 from .network import CURRENT_OP, Net, NetConfig, SimBackend
+from .redis_world import RedisWorld
 from .server import Server
 
 __all__ = ("Result", "run_seed")
@@ -60,6 +61,7 @@ class Result:
     requests: int = 0
     ops: int = 0
     strict: bool = False
+    kind: str = "memory"
 
     def report(self) -> str:
         """The failure report: seed, invariant, the last events, the replay command."""
@@ -70,15 +72,16 @@ class Result:
             f"{self.requests} requests, {self.ops} operations",
             "  last events:",
             *(f"    {line}" for line in self.trace),
-            f"  replay: {replay_command(self.seed, strict=self.strict)}",
+            f"  replay: {replay_command(self.seed, strict=self.strict, kind=self.kind)}",
         ]
         return "\n".join(lines)
 
 
-def replay_command(seed: int, *, strict: bool = False) -> str:
+def replay_command(seed: int, *, strict: bool = False, kind: str = "memory") -> str:
     """The one-line command (from the repository root) that replays ``seed`` with its
-    full trace (``strict``: known engine bugs reported too)."""
+    full trace (``strict``: known engine bugs reported too; ``kind``: the backend)."""
     flag = " --strict" if strict else ""
+    flag += f" --kind {kind}" if kind != "memory" else ""
     return f"PYTHONPATH=. python -m tests.sim.runner --seed {seed} --trace{flag}"
 
 
@@ -106,7 +109,7 @@ class _Recorder:
 class _Sim:
     """One seed's world, clients and workload."""
 
-    def __init__(self, seed: int, *, keep: int, full_trace: bool) -> None:
+    def __init__(self, seed: int, *, keep: int, full_trace: bool, kind: str = "memory") -> None:
         self.seed = seed
         rng = self.rng = random.Random(seed)
         # The give-up knobs draw from their own stream: the rest of a seed's plan stays.
@@ -139,14 +142,39 @@ class _Sim:
             self.world.pause(start, length)
             self.pauses.append((start, start + length))
         self.cfg = cfg
-        self.net = Net(
-            world=self.world,
-            loop=self.loop,
-            server=self.server,
-            rng=rng,
-            config=cfg,
-            record=self.record,
-        )
+        #: How much longer than the memory table's an acquire may take to give up (Redlock
+        #: retries failed rounds, each step bounded by its node timeout).
+        self.slack = 0.0
+        # Undone when the run ends (the Redis kinds patch the clients' clock and tokens).
+        self.patches = contextlib.ExitStack()
+        self.redis: RedisWorld | None = None
+        if kind == "memory":
+            self.net = Net(
+                world=self.world,
+                loop=self.loop,
+                server=self.server,
+                rng=rng,
+                config=cfg,
+                record=self.record,
+            )
+        else:
+            # The real Redis backends over simulated nodes (tests/sim/redis_world.py),
+            # read by the checks through the same interface as the memory table's.
+            self.redis = RedisWorld(
+                kind,
+                rng=rng,
+                world=self.world,
+                loop=self.loop,
+                cfg=cfg,
+                record=self.record,
+                horizon=self.horizon,
+                max_ttl=max(_TTLS),
+                seed=seed,
+                patches=self.patches,
+            )
+            self.slack = self.redis.slack()
+            self.server = cast(Server, self.redis.view)
+            self.net = cast(Net, self.redis.wire)
         t = 0.0
         while resets:
             t += rng.expovariate(resets)
@@ -158,7 +186,10 @@ class _Sim:
         self.backends: dict[int, SimBackend] = {}
         for client in range(rng.choice((1, 2, 2, 3))):
             clock = SimClock(self.loop, rng.uniform(-100.0, 100.0))
-            backend = SimBackend(self.net, client, clock)
+            if self.redis is None:
+                backend = SimBackend(self.net, client, clock)
+            else:
+                backend = cast(SimBackend, self.redis.backend(client, clock))
             self.backends[client] = backend
             self.coords[client] = Coordinator(backend, identity=f"c{client}", telemetry=False)
         self.give_back = 1.2 + 2 * cfg.socket_timeout + 2 * cfg.spike + 20 * latency
@@ -174,6 +205,8 @@ class _Sim:
         self.checker.max_ttl = max(_TTLS)
         self.checker.leave = cfg.socket_timeout + 2 * cfg.spike + 20 * latency + 0.05
         self.checker.limits["S"] = _SEM_LIMIT
+        if self.redis is not None:
+            self.redis.attach(self.checker)
         self.ops: list[OpRecord] = []
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.cancel_at_request: dict[int, tuple[str, int]] = {}
@@ -201,6 +234,13 @@ class _Sim:
     def paused_within(self, start: float, end: float) -> bool:
         """True if a client pause overlaps ``[start, end]``."""
         return any(s <= end and e >= start for s, e in self.pauses)
+
+    def check_step(self) -> None:
+        """After every loop step and world event: the invariant checks (a Redis kind's
+        servers first look at the leases that just showed)."""
+        if self.redis is not None:
+            self.redis.view.sync(self.coords)
+        self.checker.step()
 
     # -- the workload ---------------------------------------------------------------------
 
@@ -240,6 +280,8 @@ class _Sim:
                         }
                     )
                 workers.append((client, ops))
+        if self.redis is not None:
+            self.redis.adapt(workers)
         return workers
 
     def give_up_plan(self) -> dict[str, Any]:
@@ -474,7 +516,7 @@ class _Sim:
             )
         if op.timeout is not None and op.acquire_end is not None:
             took = op.acquire_end - op.started
-            bound = op.timeout + _TIMEOUT_CLEANUPS * self.cfg.socket_timeout + 1e-6
+            bound = op.timeout + _TIMEOUT_CLEANUPS * self.cfg.socket_timeout + self.slack + 1e-6
             if took > bound and not self.paused_within(op.started, op.acquire_end):
                 self.checker.fail(
                     "5-deadline",
@@ -533,11 +575,14 @@ def run_seed(
     keep: int = 50,
     full_trace: bool = False,
     tolerate: frozenset[str] = KNOWN_BUGS,
+    kind: str = "memory",
 ) -> Result:
     """Run one seed to its verdict. Deterministic: the same seed gives the same trace.
 
     ``tolerate``: known engine bugs whose windows are not reported (default: all known,
-    so that exploration finds new ones; pass ``frozenset()`` to see them).
+    so that exploration finds new ones; pass ``frozenset()`` to see them). ``kind``: the
+    backend, ``"memory"`` (the simulated table), ``"redis"`` or ``"redlock"`` (the real
+    Redis backends over simulated nodes, :mod:`tests.sim.redis_world`).
     """
     saved = random.getstate()
     quiet = logging.getLogger("asynclock")
@@ -546,11 +591,11 @@ def run_seed(
     random.seed(seed * 7919 + 17)  # the engine's backoff jitter draws from ``random``
     gc_was = gc.isenabled()
     gc.disable()
-    sim = _Sim(seed, keep=keep, full_trace=full_trace)
+    sim = _Sim(seed, keep=keep, full_trace=full_trace, kind=kind)
     loop = sim.loop
     sim.checker.tolerate = tolerate
-    loop.after_step = sim.checker.step
-    sim.world.after_event = sim.checker.step
+    loop.after_step = sim.check_step
+    sim.world.after_event = sim.check_step
     sim.net.on_send = lambda kind: sim.on_request(CURRENT_OP.get(), kind)
     errors: list[str] = []
 
@@ -561,7 +606,7 @@ def run_seed(
         errors.append(f"{context.get('message')}: {exc!r}")
 
     loop.set_exception_handler(handler)
-    result = Result(seed, ok=True, strict=not tolerate)
+    result = Result(seed, ok=True, strict=not tolerate, kind=kind)
     try:
         asyncio.set_event_loop(loop)
         try:
@@ -590,8 +635,9 @@ def run_seed(
         result.steps = loop.steps
         result.requests = sim.net.requests_done
         result.ops = len(sim.ops)
-        _shutdown(loop)
+        _shutdown(loop, list(sim.coords.values()))
     finally:
+        sim.patches.close()
         asyncio.set_event_loop(None)
         random.setstate(saved)
         quiet.setLevel(level)
@@ -605,15 +651,22 @@ def _stop_hung(main: asyncio.Task[None], sim: _Sim) -> None:
     main.cancel()
 
 
-def _shutdown(loop: SimLoop) -> None:
-    """Cancel whatever a failed run left, let it unwind, close the loop."""
+def _shutdown(loop: SimLoop, coords: list[Coordinator]) -> None:
+    """Close the coordinators a failed run left open (and their connections), cancel
+    whatever else is left, let it unwind, close the loop."""
     loop.after_step = None
     loop.world.after_event = None
     try:
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
+        closing = [loop.create_task(coord.aclose()) for coord in coords if not coord.closed]
+        if closing:
+            loop.run_until_complete(asyncio.wait(closing, timeout=60.0))
+        # Cancelled tasks may start others (a give-back): a few rounds until none is left.
+        for _ in range(5):
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if not pending:
+                break
             loop.run_until_complete(asyncio.wait(pending, timeout=600.0))
     except Exception:  # noqa: S110 - a broken run's leftovers are not the verdict
         pass
