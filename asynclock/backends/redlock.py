@@ -372,11 +372,30 @@ class RedlockBackend(Backend):
         silent = [node for node in self._nodes if node not in answered]
         if silent:
             self._tasks.spawn_unless_closed(
-                self._each(lambda node: node.run(release), silent),
+                self._give_back(release, silent, start + ttl),
                 name="asynclock-redlock-background",
             )
         await self._script(release, answered)
         return Attempt(None, self._free_in(replies, len(granted))), failed
+
+    async def _give_back(self, release: Call, nodes: Sequence[RedisBackend], until: float) -> None:
+        """Release a failed round's value on ``nodes`` that did not answer, again at
+        growing intervals until each answers or the round's TTL has passed (``until``, on
+        this clock): a partition that held the round's replies may have let it take a
+        majority, and the next rounds, with values of their own, cannot release it."""
+        pending = list(nodes)
+        delay = self.node_timeout
+        while True:
+            replies = await self._each(lambda node: node.run(release), pending)
+            pending = [
+                node
+                for node, reply in zip(pending, replies, strict=True)
+                if reply is None or isinstance(reply, Exception)
+            ]
+            if not pending or self.clock.now() + delay >= until:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     def _free_in(self, replies: Sequence[object], free: int) -> float | None:
         """When enough holders' leases run out for a majority, if every holder said."""
