@@ -162,6 +162,7 @@ class _Sim:
             self.backends[client] = backend
             self.coords[client] = Coordinator(backend, identity=f"c{client}", telemetry=False)
         self.give_back = 1.2 + 2 * cfg.socket_timeout + 2 * cfg.spike + 20 * latency
+        self.ops: list[OpRecord] = []
         self.checker = Checker(
             server=self.server,
             net=self.net,
@@ -170,11 +171,14 @@ class _Sim:
             give_back=self.give_back,
             fault_end=self.fault_end,
             record=self.record,
+            ops=self.ops,
+            pauses=self.pauses,
+            partitions=cfg.partitions,
+            latency=cfg.latency,
         )
         self.checker.max_ttl = max(_TTLS)
         self.checker.leave = cfg.socket_timeout + 2 * cfg.spike + 20 * latency + 0.05
         self.checker.limits["S"] = _SEM_LIMIT
-        self.ops: list[OpRecord] = []
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.cancel_at_request: dict[int, tuple[str, int]] = {}
         self.close_at: dict[int, float] = {}  # op id -> lag of aclose() after its acquire
@@ -303,6 +307,12 @@ class _Sim:
                 spec["ttl"],
                 spec["timeout"],
             )
+            op.renew = spec["renew"] or op.kind == "elect"  # an election always renews
+            # acquire() leases are tied to no task; an election's term always is.
+            op.stops_on_loss = op.kind == "elect" or (
+                op.kind != "manual" and spec["cancel_on_lost"]
+            )
+            op.longest_ttl = max([spec["ttl"]] + [t for t in spec["extends"] if t is not None])
             self.ops.append(op)
             self.specs[op.id] = spec
             if spec["close"] is not None:
@@ -440,15 +450,21 @@ class _Sim:
             )
 
     async def body(self, op: OpRecord, spec: dict[str, Any], lease: Lease) -> None:
-        """Hold the lease for a while, extending it now and then."""
+        """Hold the lease for a while, extending it now and then; each step of the
+        protected section (its start, the end of each wait, each extend) is recorded."""
+        value = lease._claim.value
+        step = self.checker.body_step
+        step(op, value)
         extends = spec["extends"]
         pieces = len(extends) + 1
         for i in range(pieces):
             await asyncio.sleep(spec["hold"] / pieces)
+            step(op, value)
             if i < len(extends):
                 ttl = extends[i]
                 self.record("extend", f"op {op.id} ttl {ttl}")
                 await lease.extend(ttl)
+                step(op, value)
 
     def op_done(self, op: OpRecord, task: asyncio.Task[None]) -> None:
         """An operation ended: check how, and schedule its give-back check."""
@@ -533,11 +549,13 @@ def run_seed(
     keep: int = 50,
     full_trace: bool = False,
     tolerate: frozenset[str] = KNOWN_BUGS,
+    ignore: frozenset[str] = frozenset(),
 ) -> Result:
     """Run one seed to its verdict. Deterministic: the same seed gives the same trace.
 
     ``tolerate``: known engine bugs whose windows are not reported (default: all known,
-    so that exploration finds new ones; pass ``frozenset()`` to see them).
+    so that exploration finds new ones; pass ``frozenset()`` to see them). ``ignore``:
+    invariants not checked (by name, e.g. ``"8-hand-off"``).
     """
     saved = random.getstate()
     quiet = logging.getLogger("asynclock")
@@ -549,6 +567,7 @@ def run_seed(
     sim = _Sim(seed, keep=keep, full_trace=full_trace)
     loop = sim.loop
     sim.checker.tolerate = tolerate
+    sim.checker.ignore = ignore
     loop.after_step = sim.checker.step
     sim.world.after_event = sim.checker.step
     sim.net.on_send = lambda kind: sim.on_request(CURRENT_OP.get(), kind)
