@@ -21,6 +21,7 @@ from asynclock.backends import (
 from asynclock.postgres import lock_ids
 from asynclock.testing import ManualClock
 
+from ._deadline import ends
 from .conftest import MakeCoord, eventually
 
 
@@ -237,7 +238,7 @@ class TestOnAManualClock:
             await clock.advance(11)
             assert seen == ["old", None]
             with pytest.raises(LeadershipLost):
-                await leader
+                await ends(leader, "the end of the leader's validity did not stop its body")
             observer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await observer
@@ -298,7 +299,7 @@ class TestObserversFollowTheLeader:
             await clock.advance(3)
             assert seen == [None, "leader", None]
             with pytest.raises(LeadershipLost):
-                await leader
+                await ends(leader, "the end of the leader's validity did not stop its body")
             observer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await observer
