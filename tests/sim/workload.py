@@ -11,7 +11,8 @@ cancel landing while the first one's clean-up is on its way), some acquires run 
 short ``asyncio.timeout`` of the caller's (giving up between the first attempt and the
 wait, while subscribing or waiting), and a coordinator may be closed while its operations
 run, also right after an acquire request of one of them left (``aclose()`` racing a
-grant).
+grant). Protected sections record their steps on virtual time (their start, the end of
+each wait, each extend), for the liveness check of bodies stopped on loss.
 """
 
 from __future__ import annotations
