@@ -28,6 +28,8 @@ from asynclock.testing.history import (
 )
 from asynclock.testing.proxy import FaultProxy
 
+from ._deadline import ends
+
 
 @pytest.fixture
 async def client(asynclock_redis_url: str) -> AsyncIterator[Redis]:
@@ -175,7 +177,7 @@ class TestCorrectRuns:
                     await section.op("second:0")
                 assert loop.time() - began < 2.0
                 with pytest.raises(LockLost):
-                    await asyncio.wait_for(holder, 5)
+                    await ends(holder, "the cut-off holder's loss did not stop its body")
             finally:
                 proxy.heal()
                 await cut_off.aclose()

@@ -17,6 +17,8 @@ from asynclock import LockLost, LockNotOwned
 from asynclock.backends import MemoryBackend
 from asynclock.testing import ManualClock
 
+from ._deadline import ends
+
 
 @pytest.fixture
 def clock() -> ManualClock:
@@ -70,7 +72,7 @@ class TestLossCancelsTheBody:
         assert backend.drop("job")
         await clock.advance(3.0)  # the renewal at ttl/3 finds the lock gone
         with pytest.raises(LockLost) as caught:
-            await task
+            await ends(task, "no renewal at ttl/3 was refused, or its loss did not stop the body")
         assert isinstance(caught.value.__cause__, asyncio.CancelledError)
         assert "refused" in str(caught.value)
         assert log[1:] == ["body cancelled", "LockLost"]
@@ -85,7 +87,7 @@ class TestLossCancelsTheBody:
         # Jump without letting the renewal task run: as if every renewal hung.
         clock.jump(10.0 - 0.1 - 0.002 + 1e-6)
         with pytest.raises(LockLost, match="validity"):
-            await task
+            await ends(task, "the end of local validity did not stop the body")
         assert log[1:] == ["body cancelled", "LockLost"]
 
     async def test_renewal_keeps_the_lease(
@@ -109,7 +111,7 @@ class TestLossCancelsTheBody:
         assert not task.done()
         await clock.advance(0.1)
         with pytest.raises(LockLost):
-            await task
+            await ends(task, "the end of an unrenewed lease did not stop the body")
 
 
 class TestOutsideCancel:
@@ -157,7 +159,7 @@ class TestOutsideCancel:
         task = asyncio.create_task(body())
         await clock.settle()
         await clock.advance(1.0)
-        await task
+        await ends(task, "no renewal at ttl/3 was refused, or its loss did not stop the body")
         assert counts == [0, -1]
 
 
@@ -220,7 +222,7 @@ class TestLossRacingTheEndOfTheBody:
         await clock.settle()
         await clock.advance(1.0)
         with pytest.raises(LockLost):
-            await task
+            await ends(task, "no renewal at ttl/3 was refused, or its loss did not stop the body")
 
     async def test_a_swallowed_cancel_is_sent_again_until_the_body_leaves(
         self, coord: asynclock.Coordinator, backend: MemoryBackend, clock: ManualClock
@@ -243,7 +245,7 @@ class TestLossRacingTheEndOfTheBody:
         await clock.settle()
         await clock.advance(1.0)  # the renewal is refused: lost
         with pytest.raises(LockLost):
-            await asyncio.wait_for(task, 2.0)
+            await ends(task, "the loss's cancel was not sent again after the body swallowed it")
         assert steps == ["went on"]
         current = asyncio.current_task()
         assert current is not None

@@ -19,6 +19,7 @@ from asynclock import Backoff, Lease, LockLost, LockNotOwned, LockTimeout
 from asynclock.backends import MemoryBackend, PostgresBackend, RedisBackend
 from asynclock.postgres import lock_ids
 
+from ._deadline import ends
 from .conftest import MakeCoord, eventually
 
 # How long a writer may wait behind a steady stream of readers (writer preference).
@@ -162,7 +163,7 @@ class TestSemaphore:
         assert await a.backend.release(lease._claim)
         started = time.monotonic()
         with pytest.raises(LockLost):
-            await asyncio.wait_for(task, 5)
+            await ends(task, "the permit deleted on the server did not stop its body")
         assert time.monotonic() - started < 1.0  # the renewal at ttl/3 noticed
         assert log == ["body cancelled"]
         assert lease.lost
@@ -190,7 +191,7 @@ class TestSemaphore:
         await entered.wait()
         waiter = await b.semaphore("expiring", 1, ttl=10, timeout=3).acquire()
         with pytest.raises(LockLost):
-            await asyncio.wait_for(task, 3)
+            await ends(task, "the end of an unrenewed permit did not stop its body", 3)
         assert waiter.fence > fences[0]
         await waiter.release()
 
@@ -456,7 +457,7 @@ class TestReadWriteLock:
         await entered.wait()
         assert await a.backend.release(leases[0]._claim)
         with pytest.raises(LockLost):
-            await asyncio.wait_for(task, 3)
+            await ends(task, "the read lease deleted on the server did not stop its body", 3)
 
 
 # -- fair locks ----------------------------------------------------------------------------

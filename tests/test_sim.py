@@ -54,7 +54,7 @@ def _explore(seeds: list[int], kind: str = "memory") -> None:
 @pytest.mark.explore
 @pytest.mark.timeout(900)
 def test_default_seeds(request: pytest.FixtureRequest) -> None:
-    """Every invariant holds at every step of the default seeds."""
+    """Every invariant, safety and liveness, holds at every step of the default seeds."""
     if request.config.getoption("--sim-seed") is not None:
         pytest.skip("replaying one seed (--sim-seed)")
     _explore(parse_range(DEFAULT_SEEDS))
@@ -185,7 +185,8 @@ async def test_shortening_extend_with_a_slow_reply_makes_no_two_holders() -> Non
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_mutants_are_killed(capsys: pytest.CaptureFixture[str]) -> None:
-    """Each re-introduced bug makes the default seeds fail (tests/sim/mutants.py)."""
+    """Each re-introduced or planted bug makes the default seeds fail, a planted one by
+    the invariant meant to catch it (tests/sim/mutants.py)."""
     code = mutants_main([])
     out = capsys.readouterr().out
     print(out)

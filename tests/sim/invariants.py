@@ -17,6 +17,14 @@ every server event.
    plus a bounded clean-up (two socket timeouts), pauses aside.
 6. After ``aclose()`` no task is left and the backend has nothing in flight (checked at
    the end of a run by :mod:`tests.sim.workload`).
+8. Liveness, on virtual time, each bound derived from the seed's configuration:
+   ``8-no-loss``, no renewed lease is lost when no fault touched its client within its
+   TTL (:meth:`Checker.loss`); ``8-hand-off``, a release that frees a name reaches a
+   waiter within a few one-way delays when no fault is active (:meth:`Checker.released`);
+   ``8-body-stopped``, a body cancelled on loss takes no step after its loss
+   (:meth:`Checker.body_step`). A fault is what the network's ``fault_log`` records
+   (resets, socket timeouts, late landings, delay spikes), a partition of the client, or
+   a pause of the client process (:meth:`Checker.touched`).
 
 A violation raises :class:`Violation`; the first one is kept in :attr:`Checker.violation`
 so that a violation found inside a callback (where the loop would only log it) still
@@ -25,7 +33,7 @@ stops the run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = (
     "ABANDONED_ROUND",
+    "HAND_OFF_DELAYS",
     "KNOWN_BUGS",
     "SHORTENING_EXTEND",
     "Checker",
@@ -64,6 +73,8 @@ KNOWN_BUGS: frozenset[str] = frozenset()
 
 # Floating-point slack when comparing moments in virtual time.
 _EPS = 1e-9
+#: The hand-off bound of invariant 8, in mean one-way delays (see Checker.released).
+HAND_OFF_DELAYS = 40
 
 
 class Violation(Exception):
@@ -92,6 +103,10 @@ class OpRecord:
     claims: list[str] = field(default_factory=list)
     acquire_end: float | None = None
     outer: bool = False  # its acquire ran under an asyncio.timeout of the caller's
+    renew: bool = True  # its lease is renewed by the watchdog
+    stops_on_loss: bool = False  # its body is cancelled when its lease is lost
+    longest_ttl: float = 0.0  # the longest TTL its lease asks for (acquire or extend)
+    steps: list[float] = field(default_factory=list)  # its body's steps (virtual time)
 
 
 class Checker:
@@ -107,6 +122,10 @@ class Checker:
         give_back: float,
         fault_end: Callable[[int], float],
         record: Callable[[str, str], None],
+        ops: Sequence[OpRecord],
+        pauses: Sequence[tuple[float, float]],
+        partitions: Sequence[tuple[float, float, int]],
+        latency: float,
     ) -> None:
         self.server = server
         self.net = net
@@ -121,6 +140,8 @@ class Checker:
         self.violation: Violation | None = None
         #: Known engine bugs whose window is not reported (see KNOWN_BUGS).
         self.tolerate: frozenset[str] = frozenset()
+        #: Invariants not checked (to show which one catches a mutant, and that only it).
+        self.ignore: frozenset[str] = frozenset()
         self.limits: dict[str, int] = {}
         self._fence_seen: dict[str, int] = {}  # claim value -> fence checked
         self._pending: list[tuple[float, OpRecord]] = []
@@ -132,15 +153,31 @@ class Checker:
         self.checks = 0
         server.on_grant = self._on_grant
         server.on_stale = self._on_stale
+        server.on_release = self._on_release
+        # -- liveness (invariant 8)
+        self.ops = ops  # by id
+        self.pauses = pauses
+        self.partitions = partitions
+        #: A release's wake-up reaching a waiter: see :meth:`released`.
+        self.hand_off = HAND_OFF_DELAYS * latency
+        #: Claim value -> when its lease was marked lost (virtual time).
+        self.losses: dict[str, float] = {}
+        self._by_fence: dict[tuple[str, int], Grant] = {}
+        self._grants_of: dict[str, int] = {}  # name -> grants so far
+        self._wakes: list[tuple[float, float, float, Grant, int, list[OpRecord]]] = []
+        for client, coord in coords.items():
+            self._hook_losses(client, coord)
 
     def fail(self, invariant: str, detail: str) -> None:
-        """Record the first violation and raise it."""
+        """Record the first violation and raise it (nothing if ``invariant`` is ignored)."""
         self.note(invariant, detail)
-        assert self.violation is not None
-        raise self.violation
+        if self.violation is not None:
+            raise self.violation
 
     def note(self, invariant: str, detail: str) -> None:
         """Record a violation (the first one stays) without raising it."""
+        if invariant in self.ignore:
+            return
         if self.violation is None:
             self.violation = Violation(invariant, detail)
             self.record("VIOLATION", str(self.violation))
@@ -160,6 +197,8 @@ class Checker:
         if grant.fence <= top:
             self.fail("2-fence", f"{grant.kind} {grant.name}: fence {grant.fence} after {top}")
         self.server.top_fence[key] = grant.fence
+        self._by_fence[grant.name, grant.fence] = grant
+        self._grants_of[grant.name] = self._grants_of.get(grant.name, 0) + 1
 
     def _on_stale(self, op: str, value: str) -> None:
         grant = self.server.grants.get(value)
@@ -188,6 +227,8 @@ class Checker:
         self.checks += 1
         now = self.net.world.now
         self._exclusive(self._leases(now))
+        if self._wakes and self._wakes[0][0] <= now:
+            self._check_wakes(now)
         if self._late:
             self._check_late(now)
         if self._lines:
@@ -358,3 +399,168 @@ class Checker:
             if held == value and name == grant.name:
                 return expiry > now
         return False
+
+    # -- liveness (invariant 8) --------------------------------------------------------
+
+    def touched(self, client: int | None, start: float, end: float) -> bool:
+        """True if a fault touched ``client`` (None: any client) within ``[start, end]``:
+        a reset of one of its connections (a socket timeout's included), a request of its
+        landing late after a reset, a delay spike on one of its messages (from sending to
+        arrival), a partition cutting it off, or a pause of the client process."""
+        for s, e in self.pauses:
+            if s <= end and e >= start:
+                return True
+        for s, e, who in self.partitions:
+            if s <= end and e >= start and (client is None or who in (-1, client)):
+                return True
+        for who, s, e in self.net.fault_log:
+            if s <= end and e >= start and (client is None or who in (-1, client)):
+                return True
+        return False
+
+    def _hook_losses(self, client: int, coord: Coordinator) -> None:
+        """Hear of each lease loss as the coordinator counts it (the moment it is marked)."""
+        recorder = coord._recorder
+        counted = recorder.lost
+
+        def lost(name: str, fence: int, reason: str) -> None:
+            counted(name, fence, reason)
+            self.loss(client, name, fence, reason)
+
+        recorder.lost = lost  # type: ignore[method-assign]
+
+    def loss(self, client: int, name: str, fence: int, reason: str) -> None:
+        """Invariant 8, no loss undisturbed: a lease the watchdog renews is lost only if a
+        fault touched its client within its TTL before the loss.
+
+        Bound: without a fault, a renewal sent every ``ttl/3`` is answered within a few
+        one-way delays, far within the ``ttl - drift`` of validity it has to arrive in;
+        a renewal that a fault made fail is retried until its validity ends, at most one
+        TTL after the fault. So the window looked at is the longest TTL the lease asked
+        for (its acquire's, or an ``extend()``'s). Not checked: a lease that is not
+        renewed (it ends at its TTL by design), one whose owner asked for its release (a
+        renewal landing after the release is refused; an interrupted release retried in
+        the background finds it gone), one of a closed coordinator (closing loses what
+        is held)."""
+        now = self.net.world.now
+        grant = self._by_fence.get((name, fence))
+        if grant is None:
+            return
+        self.losses.setdefault(grant.value, now)
+        if not 0 <= grant.op < len(self.ops):
+            return
+        op = self.ops[grant.op]
+        backend = self.backends[client]
+        if not op.renew or self.coords[client].closed or grant.value in backend.first_release:
+            return
+        since = now - op.longest_ttl
+        if self.touched(client, since, now):
+            return
+        self.note(
+            "8-no-loss",
+            f"lease {grant.label} on {name!r} (op {op.id}, ttl {op.longest_ttl:g}, renewed) "
+            f"lost at {now:.6f} ({reason}), though no fault touched c{client} since "
+            f"{since:.6f}",
+        )
+
+    def body_step(self, op: OpRecord, value: str) -> None:
+        """A body protected by claim ``value`` takes a step now. Invariant 8, body
+        stopped: a body cancelled on loss takes no step at a later moment than its loss.
+
+        Bound: the loss cancels the body in the loop turn that marks it (and again each
+        turn until it leaves its block); whatever the body awaits (a sleep, an extend
+        request on its way) resumes with that cancel. No virtual time passes in between,
+        pauses included (a paused client runs nothing, the body neither), so the
+        delivery bound is zero: a step at the loss's own moment may come first, in the
+        same turn, never one after it."""
+        now = self.net.world.now
+        op.steps.append(now)
+        lost = self.losses.get(value)
+        if lost is None or not op.stops_on_loss or now <= lost + _EPS:
+            return
+        grant = self.server.grants.get(value)
+        label = grant.label if grant is not None else "?"
+        self.note(
+            "8-body-stopped",
+            f"op {op.id} ({op.kind} {op.name!r}) body took a step at {now:.6f}, after its "
+            f"lease {label} was lost at {lost:.6f}; it is cancelled on loss",
+        )
+
+    def _on_release(self, value: str, at: float) -> None:
+        grant = self.server.grants.get(value)
+        if grant is not None:
+            self.released(grant, at)
+
+    def released(self, grant: Grant, at: float) -> None:
+        """Invariant 8, hand-off: a release at ``at`` that left ``grant``'s name free
+        reaches a waiter within ``hand_off`` when no fault is active.
+
+        Waiters are the operations in their acquire whose request for the name the server
+        had already seen (refused). No fault may have touched any client since the
+        earliest of them started, nor since an operation that gave up but still has a
+        place in the name's line started: a fault in a wait can leave its waiter deaf (a
+        subscription dies with its connection; it falls back on its timers, by design),
+        or leave a place whose leave request failed, and a fair lock's release wakes the
+        first in line alone. A closed coordinator's places lapse on their own: no check
+        while it has one. Bound: the release's wake-up reaches a waiter in one
+        message, its next attempt reaches the server in one more; a waiter caught
+        between a refused attempt and its sleep (the wake-up is kept on its slot), or
+        still subscribing, needs one or two more; messages on a connection keep order. So
+        two to four one-way delays, each exponential with the seed's mean ``latency``
+        (spikes are faults): ``HAND_OFF_DELAYS`` of them (40) make the chance that four
+        add up to more about 1e-13 per hand-off. A waiter's backoff timer (10 ms to a
+        second) is no part of it."""
+        name = grant.name
+        if not self._free(name, grant.kind):
+            return
+        server = self.server
+        waiters = []
+        since = at
+        for op in self.ops:
+            asked = [value for n, value in server.attempted.get(op.id, ()) if n == name]
+            if not asked:
+                continue
+            waiting = op.acquire_end is None and op.ended is None
+            if not waiting and all(server.queued(name, value) is None for value in asked):
+                continue
+            if self.coords[op.client].closed:
+                return
+            since = min(since, op.started)
+            if waiting:
+                waiters.append(op)
+        if waiters:
+            due = at + self.hand_off
+            self._wakes.append((due, at, since, grant, self._grants_of.get(name, 0), waiters))
+            self._wakes.sort(key=lambda item: item[0])
+
+    def _free(self, name: str, kind: str) -> bool:
+        """True if ``name`` (of ``kind``) has room for a new holder now (read only: the
+        table is left as the server left it)."""
+        table = self.server.table
+        now = self.server.clock.now()
+        if kind == "permit":
+            permits = table.permits.get(name, {})
+            live = sum(1 for h in permits.values() if h.expires_at > now)
+            return live < self.limits.get(name, 1)
+        return all(h.expires_at <= now for h in table.holders.get(name, {}).values())
+
+    def _check_wakes(self, now: float) -> None:
+        while self._wakes and self._wakes[0][0] <= now:
+            due, at, since, grant, grants, waiters = self._wakes.pop(0)
+            name = grant.name
+            if self._grants_of.get(name, 0) != grants or not self._free(name, grant.kind):
+                continue  # granted since (to a waiter or another), or taken
+            stuck = [
+                op
+                for op in waiters
+                if op.acquire_end is None and op.ended is None and not self.coords[op.client].closed
+            ]
+            if not stuck or self.touched(None, since, due):
+                continue
+            who = ", ".join(f"op {op.id} (c{op.client} {op.kind})" for op in stuck)
+            self.fail(
+                "8-hand-off",
+                f"{grant.label} released {name!r} at {at:.6f}; no fault since {since:.6f}, yet at "
+                f"{now:.6f} ({self.hand_off:.6f} later) nobody was granted it while {who} "
+                "waited",
+            )

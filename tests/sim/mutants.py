@@ -1,4 +1,5 @@
-"""Mutation check: re-introduce fixed engine bugs; the default seeds must catch each.
+"""Mutation check: re-introduce fixed engine bugs and plant new ones; the default seeds
+must catch each (a planted one by the invariant meant to catch it: ``CAUGHT_BY``).
 
 ``python -m tests.sim.mutants`` (from the repository root) copies the ``asynclock``
 package to a temporary folder once per mutant, puts the fixed code back to its buggy
@@ -30,6 +31,17 @@ over simulated nodes, :mod:`tests.sim.redis_world`; ``Mutant.kind`` says which):
 - ``release-no-owner``: the release script deletes the lock whoever holds it;
 - ``validity-from-reply``: a lease's validity is counted from the grant's reply instead
   of from before its request was sent.
+
+Planted, not re-introduced (classes of mistake that only the liveness properties of
+invariant 8 see, and one the safety invariants should):
+
+- ``late-renewal``: the watchdog renews at 0.9 x TTL instead of every TTL/3 (safe, but a
+  renewal slower than a tenth of the TTL loses the lease): ``8-no-loss``;
+- ``wake-nobody``: a release frees the lock but wakes no waiter (they fall back on their
+  backoff timers): ``8-hand-off``;
+- ``lost-body-runs``: a lease marked lost does not cancel its body: ``8-body-stopped``;
+- ``no-drift``: the drift allowance is dropped (a lease believes it lasts as long as the
+  server keeps it, on a server whose clock may run fast): ``1-validity``.
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +61,16 @@ import asynclock
 
 from .runner import explore, parse_range
 
-__all__ = ("MUTANTS", "Mutant", "Outcome", "main", "run_mutant")
+__all__ = (
+    "ALL_MUTANTS",
+    "CAUGHT_BY",
+    "LIVENESS_MUTANTS",
+    "MUTANTS",
+    "Mutant",
+    "Outcome",
+    "main",
+    "run_mutant",
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The default run's seeds (tests/test_sim.py explores the same range).
@@ -193,6 +215,86 @@ MUTANTS = (
 )
 
 
+LIVENESS_MUTANTS = (
+    Mutant(
+        "late-renewal",
+        "renewal scheduled at 0.9 x TTL instead of TTL/3",
+        (
+            (
+                "_lock.py",
+                "        self._interval = ttl / 3\n",
+                "        self._interval = ttl * 0.9\n",
+            ),
+            (
+                "_lock.py",
+                "        self._interval = effective / 3\n",
+                "        self._interval = effective * 0.9\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "wake-nobody",
+        "a release frees the lock and wakes no waiter",
+        (
+            (
+                "backends/memory.py",
+                """        if claim.limit:
+            table.hub.notify_one(claim.name)  # one permit came free
+        elif not holders:
+            del table.holders[claim.name]
+            del table.exclusive[claim.name]
+            first = next(iter(table.queue(claim.name, now)), None) if claim.fair else None
+            if first is not None:
+                table.hub.notify_tag(claim.name, first)  # the first in line, and only it
+            elif claim.shared or claim.name in table.writer_waiting:
+                table.hub.notify_all(claim.name)  # the writer, or every reader
+            else:
+                table.hub.notify_one(claim.name)
+        return True
+""",
+                """        if not claim.limit and not holders:
+            del table.holders[claim.name]
+            del table.exclusive[claim.name]
+        return True
+""",
+            ),
+        ),
+    ),
+    Mutant(
+        "lost-body-runs",
+        "a lease marked lost does not cancel its body",
+        (
+            (
+                "_lock.py",
+                "            self._cancel_body(task, loop.time() + _REDELIVER_EAGER,"
+                " _REDELIVER_FIRST)\n",
+                "",
+            ),
+        ),
+    ),
+    Mutant(
+        "no-drift",
+        "the drift allowance dropped: local validity is the full TTL",
+        (
+            (
+                "backends/base.py",
+                "        return ttl * self.drift_factor + self.drift_base\n",
+                "        return 0.0\n",
+            ),
+        ),
+    ),
+)
+ALL_MUTANTS = MUTANTS + LIVENESS_MUTANTS
+#: The invariant that must be the first to catch each planted mutant (the others, left
+#: on, must not catch it first; ``--ignore`` that one to see it survive without it).
+CAUGHT_BY = {
+    "late-renewal": "8-no-loss",
+    "wake-nobody": "8-hand-off",
+    "lost-body-runs": "8-body-stopped",
+    "no-drift": "1-validity",
+}
+
+
 @dataclass
 class Outcome:
     """What the seeds did to one mutant."""
@@ -216,9 +318,11 @@ def apply(mutant: Mutant, package: Path) -> None:
         file.write_text(text.replace(fixed, buggy))
 
 
-def run_mutant(mutant: Mutant, seeds: str | None, jobs: int, timeout: float) -> Outcome:
+def run_mutant(
+    mutant: Mutant, seeds: str | None, jobs: int, timeout: float, ignore: Sequence[str] = ()
+) -> Outcome:
     """Run ``seeds`` (None: the default seeds of the mutant's kind) against a copy of the
-    package with ``mutant`` applied."""
+    package with ``mutant`` applied, the invariants named in ``ignore`` unchecked."""
     with tempfile.TemporaryDirectory(prefix=f"asynclock-mutant-{mutant.name}-") as tmp:
         package = Path(tmp) / "asynclock"
         shutil.copytree(ROOT / "asynclock", package, ignore=shutil.ignore_patterns("__pycache__"))
@@ -239,6 +343,7 @@ def run_mutant(mutant: Mutant, seeds: str | None, jobs: int, timeout: float) -> 
             str(jobs),
             "--kind",
             mutant.kind,
+            *(f"--ignore={name}" for name in ignore),
         ]
         began = time.perf_counter()
         try:
@@ -267,13 +372,13 @@ def run_mutant(mutant: Mutant, seeds: str | None, jobs: int, timeout: float) -> 
         return Outcome(mutant.name, False, None, "", seconds, proc.stderr[-2000:])
 
 
-def _child(seeds: str, jobs: int, kind: str) -> int:
+def _child(seeds: str, jobs: int, kind: str, ignore: frozenset[str]) -> int:
     """In the subprocess: check the copy is the one imported, explore, say what failed."""
     where = Path(asynclock.__file__).resolve().parent
     if where == ROOT / "asynclock":
         print("the mutated copy is not the package imported", file=sys.stderr)
         return 2
-    summary = explore(parse_range(seeds), jobs=jobs, stop_at_first=True, kind=kind)
+    summary = explore(parse_range(seeds), jobs=jobs, stop_at_first=True, kind=kind, ignore=ignore)
     if summary.failures:
         first = summary.failures[0]
         print(f"FIRST {first.seed} {first.invariant} {summary.first_failure_after or 0.0:.2f}")
@@ -284,7 +389,8 @@ def _child(seeds: str, jobs: int, kind: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run every mutant (or those named); exit 1 if one survives."""
+    """Run every mutant (or those named); exit 1 if one survives, or a planted one is
+    caught first by another invariant than the one meant to catch it."""
     parser = argparse.ArgumentParser(prog="python -m tests.sim.mutants", description=__doc__)
     parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
     parser.add_argument("--seeds", help="seeds to run (default: the mutant kind's defaults)")
@@ -292,15 +398,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--verbose", action="store_true", help="print each failure's report")
+    parser.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="INVARIANT",
+        help="leave this invariant unchecked (e.g. 8-hand-off: is the mutant caught without it?)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        return _child(args.seeds or KIND_SEEDS[args.kind], args.jobs, args.kind)
-    chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
+        return _child(
+            args.seeds or KIND_SEEDS[args.kind], args.jobs, args.kind, frozenset(args.ignore)
+        )
+    chosen = [m for m in ALL_MUTANTS if not args.names or m.name in args.names]
     survived = False
     for mutant in chosen:
-        outcome = run_mutant(mutant, args.seeds, args.jobs, args.timeout)
-        if outcome.killed:
+        outcome = run_mutant(mutant, args.seeds, args.jobs, args.timeout, args.ignore)
+        expected = CAUGHT_BY.get(mutant.name) if not args.ignore else None
+        if outcome.killed and expected is not None and outcome.invariant != expected:
+            survived = True
+            print(
+                f"{mutant.name}: killed by seed {outcome.seed} ({outcome.invariant}), "
+                f"not by {expected} ({outcome.seconds:.1f}s)  [{mutant.description}]"
+            )
+            if args.verbose:
+                print(outcome.report)
+        elif outcome.killed:
             print(
                 f"{mutant.name}: killed by {mutant.kind} seed {outcome.seed} "
                 f"({outcome.invariant}) after {outcome.seconds:.1f}s  [{mutant.description}]"

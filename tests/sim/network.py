@@ -154,6 +154,11 @@ class Net:
         self._ids = itertools.count()
         #: Per client, the end of the last fault that touched it (reset, partition).
         self.last_fault: dict[int, float] = {}
+        #: Every fault of the network, in order: (client, start, end). A reset (a socket
+        #: timeout's included) and a late landing last an instant; a delay spike lasts
+        #: from its message's sending to its arrival. Partitions are in the config.
+        self.fault_log: list[tuple[int, float, float]] = []
+        self._spikes = 0
         self.requests_done = 0
         #: Every request must end by its deadline: the worst lateness seen.
         self.late_by = 0.0
@@ -168,11 +173,15 @@ class Net:
         d = self.rng.expovariate(1.0 / self.cfg.latency) if self.cfg.latency > 0 else 0.0
         if self.cfg.spike_p and self.rng.random() < self.cfg.spike_p:
             d += self.rng.uniform(0.0, self.cfg.spike)
+            self._spikes += 1
         return d
 
     def _transit(self, client: int, sent: float) -> float:
         """When a message sent at ``sent`` arrives, partitions holding it until healed."""
+        spikes = self._spikes
         arrive = sent + self.delay()
+        if self._spikes != spikes:
+            self.fault_log.append((client, sent, arrive))
         for start, end, who in self.cfg.partitions:
             if who in (-1, client) and start <= arrive and end > sent:
                 arrive = max(arrive, end + self.delay())
@@ -208,6 +217,7 @@ class Net:
             self.last_fault[conn.client] = max(
                 self.last_fault.get(conn.client, -1.0), self.world.now
             )
+            self.fault_log.append((conn.client, self.world.now, self.world.now))
             self._apply(req)
             return
         result = self._apply(req)
@@ -273,6 +283,7 @@ class Net:
         conn.epoch += 1
         conn.last_up = conn.last_down = self.world.now
         self.last_fault[client] = self.world.now
+        self.fault_log.append((client, self.world.now, self.world.now))
         failed = list(conn.pending.values())
         conn.pending.clear()
         for req in failed:

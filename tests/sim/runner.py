@@ -42,10 +42,15 @@ class Summary:
         return self.seeds / self.seconds if self.seconds else 0.0
 
 
-def _run_chunk(seeds: Sequence[int], stop_at_first: bool, kind: str = "memory") -> list[Result]:
+def _run_chunk(
+    seeds: Sequence[int],
+    stop_at_first: bool,
+    kind: str = "memory",
+    ignore: frozenset[str] = frozenset(),
+) -> list[Result]:
     out = []
     for seed in seeds:
-        result = run_seed(seed, kind=kind)
+        result = run_seed(seed, kind=kind, ignore=ignore)
         out.append(result)
         if not result.ok and stop_at_first:
             break
@@ -58,15 +63,20 @@ def _chunks(seeds: Sequence[int], size: int) -> Iterator[Sequence[int]]:
 
 
 def explore(
-    seeds: Sequence[int], *, jobs: int = 2, stop_at_first: bool = True, kind: str = "memory"
+    seeds: Sequence[int],
+    *,
+    jobs: int = 2,
+    stop_at_first: bool = True,
+    kind: str = "memory",
+    ignore: frozenset[str] = frozenset(),
 ) -> Summary:
     """Run ``seeds`` of backend ``kind`` on ``jobs`` processes (1: in this process);
-    failures in seed order."""
+    failures in seed order. ``ignore``: invariants not checked."""
     summary = Summary()
     began = time.perf_counter()
     if jobs <= 1:
         for seed in seeds:
-            result = run_seed(seed, kind=kind)
+            result = run_seed(seed, kind=kind, ignore=ignore)
             summary.seeds += 1
             if not result.ok:
                 summary.failures.append(result)
@@ -82,7 +92,8 @@ def explore(
     size = _CHUNK if kind == "memory" else 5
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
         futures = [
-            pool.submit(_run_chunk, chunk, stop_at_first, kind) for chunk in _chunks(seeds, size)
+            pool.submit(_run_chunk, chunk, stop_at_first, kind, ignore)
+            for chunk in _chunks(seeds, size)
         ]
         try:
             for future in futures:

@@ -104,6 +104,8 @@ class Server:
         #: Called on each grant (the invariant checks).
         self.on_grant: Callable[[Grant], None] = lambda _g: None
         self.on_stale: Callable[[str, str], None] = lambda _op, _v: None
+        #: Called on each release that took a holder off (claim value, virtual time).
+        self.on_release: Callable[[str, float], None] = lambda _v, _t: None
 
     # -- requests ------------------------------------------------------------------
 
@@ -152,6 +154,8 @@ class Server:
             ok = run_sync(mem.release(claim))
             self._check_owner("release", claim, held, ok)
             self.released.setdefault(claim.value, now)
+            if ok:
+                self.on_release(claim.value, now)
             return ok
         if op == "inspect":
             (name,) = args

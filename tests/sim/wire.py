@@ -199,6 +199,13 @@ class Wire:
         self._chunks = itertools.count()
         #: Per client, the end of the last fault that touched it (reset, crash).
         self.last_fault: dict[int, float] = {}
+        #: What the liveness checks read (as the memory kind's network keeps it): each
+        #: fault as (client, start, end); client -1 for one that touches every client (a
+        #: node's partition or crash).
+        self.fault_log: list[tuple[int, float, float]] = [
+            (-1, start, end) for start, end, _ in node_partitions
+        ]
+        self._spiked = False
         self.requests_done = 0
         #: Kept for the workload's end checks: the clients enforce their own deadlines.
         self.late_by = 0.0
@@ -216,10 +223,12 @@ class Wire:
         d = self.rng.expovariate(1.0 / cfg.latency) if cfg.latency > 0 else 0.0
         if cfg.spike_p and self.rng.random() < cfg.spike_p:
             d += self.rng.uniform(0.0, cfg.spike)
+            self._spiked = True
         return d
 
     def _transit(self, client: int, node: int, sent: float) -> float:
         """When a message sent at ``sent`` arrives, partitions holding it until healed."""
+        self._spiked = False
         arrive = sent + self.delay()
         for start, end, who in self.cfg.partitions:
             if who in (-1, client) and start <= arrive and end > sent:
@@ -227,6 +236,8 @@ class Wire:
         for start, end, where in self.node_partitions:
             if where == node and start <= arrive and end > sent:
                 arrive = max(arrive, end + self.delay())
+        if self._spiked:
+            self.fault_log.append((client, sent, arrive))
         return arrive
 
     # -- connections -------------------------------------------------------------------
@@ -314,6 +325,7 @@ class Wire:
             return
         if chunk.fate == "late":
             self.record("late", f"{chunk.commands[0][0]} of c{link.client} lands after a reset")
+            self.fault_log.append((link.client, self.world.now, self.world.now))
             self.last_fault[link.client] = max(
                 self.last_fault.get(link.client, -1.0), self.world.now
             )
@@ -393,6 +405,7 @@ class Wire:
         self.links.pop(link.id, None)
         now = self.world.now
         self.last_fault[link.client] = max(self.last_fault.get(link.client, -1.0), now)
+        self.fault_log.append((link.client, now, now))
         self._settle(link, lost=lost)
         self.record("reset", f"c{link.client} conn to n{link.node} ({why})")
         transport = link.transport
@@ -431,6 +444,7 @@ class Wire:
         if not target.up:
             return
         target.crash()
+        self.fault_log.append((-1, self.world.now, self.world.now + down_for))
         self.record("crash", f"n{node} down for {down_for:.3f}s (no persistence)")
         for link in [link for link in self.links.values() if link.node == node]:
             self.reset(link, "node crashed", lost=True)
