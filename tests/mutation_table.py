@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ._cancel_mutants import MUTANTS as CANCEL_MUTANTS
 from .chaos_mutants import PLANTED
-from .sim.mutants import MUTANTS as SIM_MUTANTS
+from .sim.mutants import ALL_MUTANTS as SIM_MUTANTS
 from .sim.mutants import Mutant, apply
 
 __all__ = ("CHECKERS", "ROWS", "Cell", "main", "run_cell")
@@ -58,6 +58,7 @@ ROWS: tuple[tuple[str, Mutant], ...] = (
     ("renewal scheduled too late (0.9 x TTL)", _find("late-renewal", "chaos")),
     ("validity counted from the reply, not the request", _find("validity-from-reply", "chaos")),
     ("drift allowance dropped", _find("drift-dropped", "chaos")),
+    ("lease marked lost, body not cancelled", _find("lost-body-runs", "sim")),
     ("a late grant kept after a cancelled acquire", _find("cancelled-grant-kept", "cancel")),
     ("release without owner check", _find("release-anyones", "cancel")),
     ("Redlock majority miscounted", _find("redlock-majority", "sim")),
