@@ -150,9 +150,11 @@ _STALE_PER_FAULT = 3
 # kept 0.992 s of true time and believed at most 0.988 s), so the run must stay clean.
 WITHIN_DRIFT = 1.008
 # Before each of its writes but the first, a section calls lease.extend() with this
-# chance, with a random TTL between these multiples of the run's TTL.
+# chance, with a random TTL between these multiples of the run's TTL. Never longer than
+# the run's TTL: a stall (1.5 x TTL) must cost every lease it froze, and a lease
+# extended past the stall would rightly survive it (the run would call the fault unfelt).
 _EXTEND_SHARE = 0.3
-_EXTEND_TTLS = (0.5, 2.0)
+_EXTEND_TTLS = (0.5, 1.0)
 # An extend() that failed (outcome unknown) is tried again this many times in all.
 _EXTEND_TRIES = 6
 # While a lease is held its worker reads the server's expiry of it (GET + PTTL, on a
