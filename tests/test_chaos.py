@@ -43,6 +43,7 @@ from asynclock.testing.chaos import (
     WorkerSummary,
     _beliefs,
     _count_writes_after_loss,
+    _handoff_bound,
     _handoffs,
     _kept_until,
     _lossy_windows,
@@ -277,6 +278,20 @@ def test_a_handoff_counts_from_a_release_someone_waited_through() -> None:
     assert latencies == [pytest.approx(0.02)]
     windows = [(0.9, 1.1, None)]  # a fault around a's release (monotonic, t0 = 0)
     assert _handoffs(sc, [summary], windows, t0=0.0, t0_wall=t0_wall)[0] == []
+
+
+def test_the_handoff_bound_grows_with_the_runs_own_round_trips() -> None:
+    """The hand-off p99 bound is 0.1 x TTL, or ten of the run's p99 round trips (the
+    expiry reads) when the machine is so loaded that those are slower."""
+    sc = dataclasses.replace(scenario("redis", 20.0), workers=1)
+    summary = WorkerSummary(0)
+    assert _handoff_bound(sc, [summary]) == pytest.approx(0.1 * sc.ttl)
+    node = [10.0, 10.002, 1, 500]  # a 2 ms round trip: the TTL's share is more
+    summary.samples = [["res0", 7, "renew", 10.0, 10.002, 10.4, 1.0, 0.4, 9.0, False, [node]]]
+    assert _handoff_bound(sc, [summary]) == pytest.approx(0.1 * sc.ttl)
+    slow = [10.0, 10.05, 1, 500]  # 50 ms: ten of them
+    summary.samples.append(["res0", 7, "renew", 10.0, 10.05, 10.4, 1.0, 0.4, 9.0, False, [slow]])
+    assert _handoff_bound(sc, [summary]) == pytest.approx(0.5)
 
 
 def test_a_section_that_stopped_believes_no_longer() -> None:
