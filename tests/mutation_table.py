@@ -99,6 +99,17 @@ def _property(output: str) -> str:
         found = _CHAOS.search(line)
         if found and "problem" in line:
             return found.group(1)
+    # A report given to pytest.fail without a traceback (the simulator's): its lines,
+    # not the test ids in the headers and the summary.
+    found = re.search(r"invariant (\S+) violated", output)
+    if found:
+        return found.group(1)
+    for line in output.splitlines():
+        if line.startswith(("FAILED", "ERROR", "_")) or "::" in line:
+            continue
+        found = _PROPERTY.search(line)
+        if found:
+            return found.group(1)
     return (errors[0][:100] if errors else "") or "a failing test"
 
 
