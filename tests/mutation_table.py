@@ -92,6 +92,13 @@ def _property(output: str) -> str:
     """The property a failed run names: a ``[property]`` tag of its first error lines, a
     chaos finding's name, or else its first error line."""
     errors = [line[1:].strip() for line in output.splitlines() if line.startswith("E ")]
+    for line in errors:  # a chaos run's history checks: its summary row's counters
+        counts = dict(
+            re.findall(r"\b(violations|after-loss|lost|late-entries|stranded)=(\d+)", line)
+        )
+        named = [f"{key}={value}" for key, value in counts.items() if value != "0"]
+        if named:
+            return "history: " + ", ".join(named)
     for line in errors:
         for pattern in (_PROPERTY, _CHAOS):
             found = pattern.search(line)
