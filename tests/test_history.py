@@ -313,6 +313,17 @@ class TestBrokenRuns:
         await log.append(4, "b", "", "start", state="held", valid_until=time.time() + 5)
         assert check(await log.read()).ok
 
+    async def test_a_belief_shortened_by_an_extend_counts_from_then(self, log: FencedLog) -> None:
+        """A holder believes 5 s at its start, then (after an extend() to a shorter TTL)
+        0.01 s at its next write; another holder starting 0.05 s later is no second
+        believer: the latest belief counts, not the longest."""
+        now = time.time()
+        await log.append(1, "a", "", "start", state="held", valid_until=now + 5)
+        await log.append(1, "a", "", "op", state="held", valid_until=time.time() + 0.01)
+        await asyncio.sleep(0.05)
+        await log.append(2, "b", "", "start", state="held", valid_until=time.time() + 5)
+        assert check(await log.read(), log.acknowledged).ok
+
     async def test_a_writer_paused_between_deciding_and_sending_is_not_a_believer(
         self, log: FencedLog
     ) -> None:

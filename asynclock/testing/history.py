@@ -713,14 +713,16 @@ def _believers(
     log: Sequence[Entry], stopped: Iterable[tuple[int, str, float]] = ()
 ) -> list[Violation]:
     """(d): sections (by fence and holder, accepted or not) whose writers believed their
-    leases valid at the same time. A section believes from its first write until its
-    largest ``valid_until`` (or its ``end`` entry, if earlier); the next section's first
+    leases valid at the same time. A section believes from its first write until the
+    ``valid_until`` of its latest write (or its ``end`` entry, if earlier: an ``extend()``
+    may have shortened it); the next section's first
     write must be decided after that (``decided``, else the send time: a writer paused
     between deciding and sending is the fence's to stop, not a second believer). Writes
     whose writer knew its lease lost or expired do not extend a belief. ``stopped``: when
     sections without an ``end`` entry stopped (see :func:`check`)."""
     begin: dict[tuple[int, str], Entry] = {}
     until: dict[tuple[int, str], float] = {}
+    latest_at: dict[tuple[int, str], float] = {}  # when each section last said
     ended: dict[tuple[int, str], float] = {}
 
     def when(entry: Entry) -> float:
@@ -733,7 +735,14 @@ def _believers(
             begin[key] = entry
         if entry.valid_until is not None and entry.state not in ("lost", "expired"):
             # A writer that knew its lease gone believes nothing (see (e) for its write).
-            until[key] = max(until.get(key, entry.valid_until), entry.valid_until)
+            # Its latest belief counts, not its longest: an extend() to a shorter TTL
+            # ends the lease sooner on the server, and its holder believes that from the
+            # moment the request leaves (a holder frozen after it must not be taken to
+            # believe its earlier, longer validity).
+            latest = latest_at.get(key)
+            if latest is None or when(entry) >= latest:
+                latest_at[key] = when(entry)
+                until[key] = entry.valid_until
         if entry.kind == "end":
             ended[key] = min(ended.get(key, entry.time), entry.time)
     for fence, holder, at in stopped:
