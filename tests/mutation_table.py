@@ -64,7 +64,9 @@ ROWS: tuple[tuple[str, Mutant], ...] = (
     ("Redlock majority miscounted", _find("redlock-majority", "sim")),
     ("fence not incremented", _find("redis-fence-not-incremented", "cancel")),
     ("extend() succeeding after the server refused it", _find("extend-refused-believed", "chaos")),
-    ("release wakes nobody", _find("release-wakes-nobody", "chaos")),
+    # (The memory backend's: the Redis one, the release script without its PUBLISH, is
+    # caught only by a quiet chaos run, whose hand-off bound a loaded machine loosens.)
+    ("release wakes nobody", _find("wake-nobody", "sim")),
 )
 
 
