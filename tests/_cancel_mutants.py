@@ -25,10 +25,8 @@ import argparse
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +34,7 @@ import pytest
 
 import asynclock
 
-from .sim.mutants import Mutant, apply
+from .sim.mutants import Mutant, apply, run_planted
 
 __all__ = ("MUTANTS", "Finding", "main", "run_mutant")
 
@@ -173,22 +171,10 @@ def run_mutant(mutant: Mutant, tests: list[str], *, stop: bool, timeout: float) 
             "-rf",
             *(["-x"] if stop else []),
         ]
-        began = time.perf_counter()
-        try:
-            # Run from the copy's folder: the working directory comes first on sys.path,
-            # so the mutated asynclock is imported (the plugin below checks it).
-            proc = subprocess.run(  # noqa: S603 - our own interpreter and module
-                command,
-                cwd=tmp,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
+        # (the plugin below checks the mutated copy is the one imported)
+        proc, seconds = run_planted(command, tmp, env, timeout)
+        if proc is None:
             return Outcome(mutant.name, False, timeout, [], "timed out")
-        seconds = time.perf_counter() - began
         if proc.returncode not in (0, 1):
             tail = (proc.stdout + proc.stderr)[-3000:]
             return Outcome(

@@ -18,17 +18,15 @@ import argparse
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ._cancel_mutants import MUTANTS as CANCEL_MUTANTS
 from .chaos_mutants import PLANTED
 from .sim.mutants import ALL_MUTANTS as SIM_MUTANTS
-from .sim.mutants import Mutant, apply
+from .sim.mutants import Mutant, apply, run_planted
 
 __all__ = ("CHECKERS", "ROWS", "Cell", "main", "run_cell")
 
@@ -142,22 +140,9 @@ def run_cell(
         env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
         command = [sys.executable, "-m", "pytest", "-m", "explore", "-x", "-q", "-p"]
         command += ["no:cacheprovider", *files]
-        began = time.perf_counter()
-        try:
-            # From the copy's folder, with it first on the path: the planted asynclock is
-            # the one imported, here and in every process the checker starts.
-            proc = subprocess.run(  # noqa: S603 - our own interpreter and pytest
-                command,
-                cwd=copy,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
+        proc, seconds = run_planted(command, copy, env, timeout)
+        if proc is None:
             return Cell(False, f"no verdict within {timeout:.0f} s", timeout)
-        seconds = time.perf_counter() - began
         if log is not None:
             log.write_text(proc.stdout + proc.stderr)
         if proc.returncode == 0:

@@ -318,6 +318,28 @@ def apply(mutant: Mutant, package: Path) -> None:
         file.write_text(text.replace(fixed, buggy))
 
 
+def run_planted(
+    command: list[str], cwd: str | Path, env: dict[str, str], timeout: float
+) -> tuple[subprocess.CompletedProcess[str] | None, float]:
+    """Run ``command`` from a planted copy's folder (``cwd``): the working directory comes
+    first on ``sys.path``, so the mutated asynclock is the one imported. Its completed
+    process (None if it ran past ``timeout``) and the seconds it took."""
+    began = time.perf_counter()
+    try:
+        proc = subprocess.run(  # noqa: S603 - our own interpreter and module
+            command,
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None, timeout
+    return proc, time.perf_counter() - began
+
+
 def run_mutant(
     mutant: Mutant, seeds: str | None, jobs: int, timeout: float, ignore: Sequence[str] = ()
 ) -> Outcome:
@@ -345,22 +367,10 @@ def run_mutant(
             mutant.kind,
             *(f"--ignore={name}" for name in ignore),
         ]
-        began = time.perf_counter()
-        try:
-            # Run from the copy's folder: the working directory comes first on sys.path,
-            # so the mutated asynclock is imported, and tests.sim from the repository.
-            proc = subprocess.run(  # noqa: S603 - our own interpreter and module
-                command,
-                cwd=tmp,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
+        # (tests.sim from the repository, the mutated asynclock from the copy)
+        proc, seconds = run_planted(command, tmp, env, timeout)
+        if proc is None:
             return Outcome(mutant.name, False, None, "", timeout, "timed out")
-        seconds = time.perf_counter() - began
         lines = proc.stdout.splitlines()
         for i, line in enumerate(lines):
             if line.startswith("FIRST "):
