@@ -256,6 +256,11 @@ def test_a_belief_is_held_against_the_majority_of_what_the_nodes_kept() -> None:
         return found.violations, found.excused
 
     assert judge([]) == (1, 0)
+    # The finding carries what it takes to read it: the bracket and every node's read.
+    (detail,) = _beliefs(sc, [summary], rates=[1.0] * 3, lossy=[], windows=[], t0=0.0).details
+    assert "belief until 10.400, confirmed at 9.000" in detail, detail
+    assert "n0:mine@10.000-10.001 pttl=500ms kept=10.502" in detail, detail
+    assert "n1:not@10.000-10.001" in detail, detail
     assert judge([(9.5, 9.8)]) == (0, 1)  # a restart after the grant: by design
     assert judge([(8.0, 8.9)]) == (1, 0)  # before the last confirmation: no excuse
     summary.samples[0][-1] = [nodes[0], nodes[0], nodes[1]]  # two of three hold it

@@ -2775,7 +2775,7 @@ def _beliefs(
                             f"{name} fence {fence} at t={sent - t0:.2f}s ({kind} sample): "
                             f"believed valid {(belief - kept) * 1000:.1f} ms past the latest "
                             f"the server kept it ({held} of {len(nodes)} node(s) held its "
-                            f"token; ttl {ttl:g}s)"
+                            f"token; ttl {ttl:g}s; {_sample_context(sample, rates, t0)})"
                         )
             if (
                 kind == "renew"
@@ -2791,6 +2791,24 @@ def _beliefs(
                         f"{left * 1000:.0f} ms of validity left of a {ttl:g}s TTL"
                     )
     return out
+
+
+def _sample_context(sample: Sequence[Any], rates: Sequence[float], t0: float) -> str:
+    """What a belief-vs-server finding needs to be read: the sample's bracket, the
+    lease's belief and last confirmation, and each node's read (kept-until, relative)."""
+    _, _, _, sent, replied, belief, _, left, confirmed, doubted, nodes = sample
+    reads = ", ".join(
+        f"n{i}:{'?' if status < 0 else 'mine' if status else 'not'}"
+        f"@{(node_sent - t0):.3f}-{(node_replied - t0):.3f}"
+        + (f" pttl={pttl}ms kept={(_kept_until(node, rate) - t0):.3f}" if status > 0 else "")
+        for i, (node, rate) in enumerate(zip(nodes, rates, strict=True))
+        for node_sent, node_replied, status, pttl in [node]
+    )
+    return (
+        f"read {sent - t0:.3f}-{replied - t0:.3f}, left {left * 1000:.0f} ms as it left, "
+        f"belief until {belief - t0:.3f}, confirmed at {confirmed - t0:.3f}"
+        f"{', an extend in doubt' if doubted else ''}; {reads}"
+    )
 
 
 def _first(seen: dict[str, float], what: str, at: float) -> None:
