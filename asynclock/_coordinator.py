@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import importlib.util
 import inspect
 import itertools
 import logging
@@ -619,6 +620,16 @@ def _check_options(
     )
 
 
+def _need_driver(module: str, extra: str, what: str) -> None:
+    """``ModuleNotFoundError`` saying which extra to install if ``module`` is missing."""
+    if importlib.util.find_spec(module) is None:
+        raise ModuleNotFoundError(
+            f"{what} needs the {module} package, which is not installed: "
+            f"pip install 'asynclock[{extra}]'",
+            name=module,
+        )
+
+
 def _connect_redlock(urls: list[object], options: dict[str, Any]) -> Coordinator:
     for url in urls:
         if not isinstance(url, str):
@@ -628,6 +639,7 @@ def _connect_redlock(urls: list[object], options: dict[str, Any]) -> Coordinator
                 f"Redlock nodes must be redis://, rediss:// or unix:// URLs, got scheme "
                 f"{_scheme(url)!r}"
             )
+    _need_driver("redis", "redis", "Redlock")
     from .backends.redis import backend_options  # noqa: PLC0415 - as for one node
     from .backends.redlock import RedlockBackend  # noqa: PLC0415 - redis-py loads on first use
 
@@ -661,7 +673,8 @@ def connect(target: str | Sequence[str], **options: Any) -> Coordinator:
 
     Raises ``TypeError`` for a target that is neither a URL nor a list of them, or for
     unknown options; ``ValueError`` for an unsupported scheme or fewer than 3 Redlock
-    nodes.
+    nodes; ``ModuleNotFoundError`` naming the extra to install when the URL's driver is
+    missing (``asynclock[redis]`` brings redis-py, ``asynclock[postgres]`` asyncpg).
     """
     if not isinstance(target, str):
         given: object = target  # checked at run time, whatever the annotation says
@@ -685,6 +698,7 @@ def connect(target: str | Sequence[str], **options: Any) -> Coordinator:
     elif scheme in ("postgresql", "postgres"):
         # Each driver loads when a URL first needs it: Redis users never import asyncpg,
         # PostgreSQL users never import redis-py.
+        _need_driver("asyncpg", "postgres", f"{scheme}://")
         import asyncpg  # noqa: PLC0415 - see above
 
         from .backends.postgres import PostgresBackend  # noqa: PLC0415 - see above
@@ -696,6 +710,7 @@ def connect(target: str | Sequence[str], **options: Any) -> Coordinator:
         _check_options(f"{scheme}://", options, ours - {"dsn"}, theirs, "asyncpg")
         backend = PostgresBackend.from_dsn(target, **options)
     else:
+        _need_driver("redis", "redis", f"{scheme}://")
         from .backends.redis import RedisBackend, backend_options  # noqa: PLC0415 - see above
 
         _check_options(f"{scheme}://", options, *backend_options(target), "redis-py")

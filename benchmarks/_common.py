@@ -1,8 +1,8 @@
 """What the benchmark scripts share: they are thin front ends to ``asynclock bench``.
 
-The suite itself lives in the package (``asynclock._bench``) so that the installed
-``asynclock bench`` command runs it; these scripts keep their historical command lines
-and pick the part of the suite they are about.
+The suite itself is the package ``benchmarks.suite`` (importable from an editable install
+of the repository, where ``asynclock bench`` runs it too); these scripts keep their
+historical command lines and pick the part of the suite they are about.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import dataclasses
 import sys
 from typing import Any, NoReturn
 
-from asynclock._bench import FULL, Settings
-from asynclock.cli import bench_command
+from benchmarks.suite import FULL, Settings
+from benchmarks.suite.command import bench_command
 
 
 def settings(**changes: Any) -> Settings:
@@ -33,5 +33,5 @@ def parser(doc: str) -> argparse.ArgumentParser:
 
 
 def run(**options: Any) -> NoReturn:
-    """Run the suite with ``options`` (see ``asynclock.cli.run_bench``) and exit."""
+    """Run the suite with ``options`` (see ``benchmarks.suite.command.run_bench``) and exit."""
     sys.exit(bench_command(**options))

@@ -32,7 +32,7 @@ from asynclock import _coordinator, _lock
 from asynclock.backends import _scripts
 from asynclock.backends.base import Attempt, Backend
 from asynclock.backends.redis import RedisBackend
-from asynclock.testing.chaos import ChaosReport, Fault, ScenarioSkipped, run_scenario, scenario
+from tests.chaos import ChaosReport, Fault, ScenarioSkipped, run_scenario, scenario
 
 from .sim.mutants import Mutant, apply
 
@@ -393,7 +393,7 @@ async def run(planted: Planted, valkey_factory: Any) -> ChaosReport:
 def main(argv: list[str] | None = None) -> int:
     """Run every planted mutant (or those named); print what caught each; exit 1 if
     one was missed."""
-    from asynclock.testing import ValkeyFactory  # noqa: PLC0415
+    from pytest_asynclock import ValkeyFactory  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(prog="python -m tests.chaos_mutants")
     parser.add_argument("names", nargs="*", help="mutants to run (default: all)")

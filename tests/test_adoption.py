@@ -9,10 +9,10 @@ import sys
 import typing
 
 import pytest
+from pytest_asynclock.proxy import FaultProxy
 
 import asynclock
 import asynclock.backends
-from asynclock.testing.proxy import FaultProxy
 
 
 def _classes(annotation: object) -> list[type]:
@@ -87,6 +87,34 @@ class TestLazyDrivers:
         )
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == loaded
+
+    def test_a_missing_driver_names_its_extra(self) -> None:
+        """Without redis-py or asyncpg installed, connect() says which extra brings it;
+        memory:// needs neither."""
+        script = (
+            "import sys\n"
+            "sys.modules['redis'] = sys.modules['asyncpg'] = None  # as if not installed\n"
+            "import asynclock\n"
+            "for target in ('redis://127.0.0.1:6379/0', ['redis://a:1', 'redis://b:1', "
+            "'redis://c:1'], 'postgresql://app@127.0.0.1/app'):\n"
+            "    try:\n"
+            "        asynclock.connect(target)\n"
+            "    except ModuleNotFoundError as exc:\n"
+            "        print(exc.name, '|', exc)\n"
+            "asynclock.connect('memory://')\n"
+        )
+        done = subprocess.run(  # noqa: S603 - our own interpreter and a fixed script
+            [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert len(lines) == 3, done.stdout
+        assert lines[0].startswith("redis |")
+        assert "asynclock[redis]" in lines[0]
+        assert lines[1].startswith("redis |")
+        assert "Redlock" in lines[1]
+        assert lines[2].startswith("asyncpg |")
+        assert "asynclock[postgres]" in lines[2]
 
 
 class TestConnectMistakes:

@@ -47,9 +47,9 @@ from typing import Any
 
 import asyncpg
 import pytest
+from pytest_asynclock import ClusterSetup, SentinelSetup
 
 from asynclock import BackendError, Coordinator, Lease, LockNotOwned
-from asynclock.testing import ClusterSetup, SentinelSetup
 
 from ._cancel_points import Probe, Stepper, TaskOwners, instrument, owner, reporting
 from .conftest import MakeCoord

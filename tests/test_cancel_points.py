@@ -43,14 +43,14 @@ from typing import Any, cast
 
 import asyncpg
 import pytest
+from pytest_asynclock import ClusterSetup, SentinelSetup
+from pytest_asynclock.proxy import FaultProxy
 
 import asynclock
 from asynclock import BackendError, Backoff, Coordinator, Lease, LockTimeout
 from asynclock._lock import Lock
 from asynclock.backends import PostgresBackend
 from asynclock.integrations import _hold
-from asynclock.testing import ClusterSetup, SentinelSetup
-from asynclock.testing.proxy import FaultProxy
 
 from ._cancel_points import Stepper, TaskOwners, instrument, owner, phase
 from .conftest import MakeCoord

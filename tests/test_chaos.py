@@ -31,9 +31,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from pytest_asynclock import ValkeyFactory
+from pytest_asynclock.history import Entry, Kind, check
 
-from asynclock.testing import ValkeyFactory
-from asynclock.testing.chaos import (
+from tests.chaos import (
     _HANDOFF_MIN,
     _PROMOTION_GAP,
     BACKENDS,
@@ -57,7 +58,6 @@ from asynclock.testing.chaos import (
     scenario,
     unsupported,
 )
-from asynclock.testing.history import Entry, Kind, check
 
 from . import chaos_mutants
 from .chaos_mutants import FAULTS, MUTANTS, PLANTED, SECONDS

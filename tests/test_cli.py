@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import redis
+from pytest_asynclock import ValkeyFactory
 
 import asynclock
-from asynclock.testing import ValkeyFactory
 
 EXIT_HELD, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_FREE = 0, 1, 2, 3
 PEERS = (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from asynclock._bench._env import Scrubber, redact
+from benchmarks.suite._env import Scrubber, redact
 
 from .test_cli import EXIT_UNREACHABLE, EXIT_USAGE, cli
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import redis
+from pytest_asynclock import ClusterSetup, SentinelSetup
 
 import asynclock
 from asynclock.cli import main
-from asynclock.testing import ClusterSetup, SentinelSetup
 
 EXIT_HELD, EXIT_USAGE = 0, 2
 

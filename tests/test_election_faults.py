@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 
 import anyio
 import pytest
+from pytest_asynclock.proxy import FaultProxy
 
 import asynclock
 from asynclock import Term
-from asynclock.testing.proxy import FaultProxy
 
 from .conftest import eventually
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aredis
+from pytest_asynclock.proxy import FaultProxy
 
 import asynclock
 from asynclock.backends import Attempt, Claim, RedisBackend
 from asynclock.backends.redis import _Subscriber
-from asynclock.testing.proxy import FaultProxy
 from tests.conftest import eventually, redis_backend
 
 

@@ -19,10 +19,7 @@ import pytest
 import redis
 import redis.asyncio
 import redis.exceptions
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
-from asynclock.testing._servers import (
+from pytest_asynclock.servers import (
     POSTGRES_CACHE_ENV,
     POSTGRES_DSN_ENV,
     POSTGRES_USER_ENV,
@@ -43,6 +40,8 @@ from asynclock.testing._servers import (
     start_postgres,
     start_valkey,
 )
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 pytest_plugins = ("pytester",)
 
@@ -336,7 +335,7 @@ def _cache_state(root: Path) -> tuple[list[str], int | None]:
 
 _STARTER = """
 import sys
-from asynclock.testing import PostgresServer
+from pytest_asynclock import PostgresServer
 with PostgresServer.start(bindir=sys.argv[1]) as server:
     print(server.bindir, flush=True)
 """
@@ -653,7 +652,7 @@ def test_interpreter_exit_stops_frozen_servers(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import json, sys
-        from asynclock.testing._servers import start_postgres, start_valkey
+        from pytest_asynclock.servers import start_postgres, start_valkey
 
         valkey, pg = start_valkey(), start_postgres()
         valkey.freeze()

@@ -10,11 +10,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from redis.asyncio import Redis
-
-import asynclock
-from asynclock import LockLost
-from asynclock.testing.history import (
+from pytest_asynclock.history import (
     Ack,
     Entry,
     FencedLog,
@@ -26,7 +22,11 @@ from asynclock.testing.history import (
     dump_acks,
     load_acks,
 )
-from asynclock.testing.proxy import FaultProxy
+from pytest_asynclock.proxy import FaultProxy
+from redis.asyncio import Redis
+
+import asynclock
+from asynclock import LockLost
 
 from ._deadline import ends
 
@@ -374,7 +374,7 @@ class TestAcrossProcesses:
             import asyncio, sys
             from redis.asyncio import Redis
             import asynclock
-            from asynclock.testing.history import FencedLog
+            from pytest_asynclock.history import FencedLog
 
             async def main(url, key, prefix, holder):
                 client = Redis.from_url(url)

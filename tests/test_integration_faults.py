@@ -19,12 +19,12 @@ import pytest
 from aiohttp import web
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
+from pytest_asynclock.proxy import FaultProxy
 
 import asynclock
 from asynclock import Coordinator, Lease
 from asynclock.integrations import aiohttp as aiohttp_locks
 from asynclock.integrations.fastapi import FastAPILocks
-from asynclock.testing.proxy import FaultProxy
 
 from .conftest import eventually, redis_backend
 from .test_integrations import Serve, aiohttp_serving, serve, uvicorn_client

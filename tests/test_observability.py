@@ -136,7 +136,7 @@ RELEASE_AFTER_LOSS_SCRIPT = textwrap.dedent(
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
 
     import asynclock
-    from asynclock.testing.proxy import FaultProxy
+    from pytest_asynclock.proxy import FaultProxy
 
     async def main(url, prefix):
         async with FaultProxy.from_url(url) as proxy:

@@ -60,7 +60,7 @@ def _start_session(
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCLOCK_")}
     # Only this plugin: other plugins' imports would triple the start-up time.
     env.update(RECORD=str(record), ASYNCLOCK_NO_DOCKER="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-    argv = ["-q", "-p", "no:cacheprovider", "-p", "asynclock.testing.plugin", "test_hold.py"]
+    argv = ["-q", "-p", "no:cacheprovider", "-p", "pytest_asynclock.plugin", "test_hold.py"]
     proc = subprocess.Popen(  # noqa: S603 - our own interpreter and test file
         [sys.executable, "-m", "pytest", *argv],
         cwd=tmp_path,
@@ -96,7 +96,7 @@ class TestServerLifetimes:
         proc.wait(timeout=10)
         assert all(_alive(pid) for pid in started["pids"]), "the scenario needs an orphan"
         later = subprocess.run(
-            [sys.executable, "-c", "from asynclock.testing import start_valkey; start_valkey()"],
+            [sys.executable, "-c", "from pytest_asynclock import start_valkey; start_valkey()"],
             capture_output=True,
             text=True,
             timeout=60,

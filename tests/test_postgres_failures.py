@@ -14,12 +14,12 @@ from typing import cast
 
 import asyncpg
 import pytest
+from pytest_asynclock.proxy import FaultProxy
 
 import asynclock
 from asynclock import BackendError, Backoff, Election, LockTimeout
 from asynclock.backends import PostgresBackend
 from asynclock.backends.base import Attempt, Claim
-from asynclock.testing.proxy import FaultProxy
 
 from .conftest import eventually
 from .test_postgres import advisory_rows_on as advisory_rows

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from pytest_asynclock import PostgresFactory, PostgresServer, find_postgres_bindir
 
 import asynclock
 from asynclock import LockTimeout
 from asynclock.postgres import advisory_xact_lock, fence_ids
-from asynclock.testing import PostgresFactory, PostgresServer, find_postgres_bindir
 
 from .test_postgres import advisory_rows_on, backend_of
 

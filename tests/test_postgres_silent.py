@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Awaitable, Iterator
 
 import asyncpg
 import pytest
+from pytest_asynclock import PostgresFactory, PostgresServer
+from pytest_asynclock.servers import find_postgres_bindir
 
 import asynclock
 from asynclock import BackendError, LockTimeout
 from asynclock.backends import PostgresBackend
-from asynclock.testing import PostgresFactory, PostgresServer
-from asynclock.testing._servers import find_postgres_bindir
 
 # The request timeout of this module's coordinators: short, so a silent server costs
 # little test time.

@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 import redis.exceptions
+from pytest_asynclock.proxy import FaultProxy, ProxyProcess
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 import asynclock
 from asynclock import LockLost
-from asynclock.testing.proxy import FaultProxy, ProxyProcess
 
 from ._deadline import ends
 
@@ -240,7 +240,7 @@ class TestProcess:
     async def test_control_channel_drives_a_proxy_process(
         self, asynclock_redis_url: str, make_client: MakeClient
     ) -> None:
-        """python -m asynclock.testing.proxy obeys latency/blackhole/heal/stats on stdin,
+        """python -m pytest_asynclock.proxy obeys latency/blackhole/heal/stats on stdin,
         answers errors, and exits when stopped."""
         proxy = FaultProxy.from_url(asynclock_redis_url)  # only to parse the target
         host, port = proxy.target

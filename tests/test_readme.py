@@ -113,17 +113,17 @@ def test_ci_runs_the_readme_test_command() -> None:
     command = next(
         line
         for line in README.splitlines()
-        if "pip install -e '.[test]'" in line and "pytest" in line
+        if "pip install -e ./plugin -e '.[test]'" in line and "pytest" in line
     )
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "pip install -e '.[test]'" in ci
+    assert "pip install -e ./plugin -e '.[test]'" in ci
     assert command.split("&&")[-1].strip().replace(".venv/bin/", "") in ci
 
 
 def test_main_job_runs_on_embedded_servers() -> None:
     """The README's main-job command names the installed console script and an existing
     extra, and that command, shortened with --quick, runs on embedded servers."""
-    line = next(line for line in README.splitlines() if "pip install -e '.[bench]'" in line)
+    line = next(line for line in README.splitlines() if "-e '.[bench]'" in line)
     command = line.split("&&")[-1].split()
     assert command[0] == ".venv/bin/asynclock"
     pyproject = (ROOT / "pyproject.toml").read_text()

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pytest_asynclock import ValkeyFactory, ValkeyServer
+from pytest_asynclock.proxy import FaultProxy
 from redis.asyncio import Redis
 
 import asynclock
@@ -20,8 +22,6 @@ from asynclock import BackendError, Backoff, LockLost, LockTimeout
 from asynclock.backends import Claim, RedisBackend
 from asynclock.backends._resp import Pipe
 from asynclock.backends.redis import LINGER
-from asynclock.testing import ValkeyFactory, ValkeyServer
-from asynclock.testing.proxy import FaultProxy
 
 from .conftest import eventually, interrupted_aclose, redis_backend
 

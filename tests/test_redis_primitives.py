@@ -9,12 +9,12 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from pytest_asynclock import ClusterSetup, ValkeyFactory
 from redis.asyncio import Redis
 
 import asynclock
 from asynclock import Backoff, Lease, LockNotOwned, LockTimeout
 from asynclock.backends import Claim, RedisBackend, RedlockBackend
-from asynclock.testing import ClusterSetup, ValkeyFactory
 
 from .conftest import eventually, redis_backend
 from .test_security import PASSWORD, REDIS_ACL_RULES, command, user_url

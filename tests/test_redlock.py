@@ -10,13 +10,13 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from pytest_asynclock import ValkeyFactory, ValkeyServer
 from redis.asyncio import Redis
 
 import asynclock
 from asynclock import LockTimeout, QuorumError
 from asynclock.backends import RedlockBackend
 from asynclock.backends.base import Claim
-from asynclock.testing import ValkeyFactory, ValkeyServer
 
 from .conftest import eventually
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import pytest
+from pytest_asynclock.proxy import FaultProxy
 from redis.asyncio import Redis
 
 import asynclock
@@ -19,7 +20,6 @@ from asynclock import LockNotOwned, LockTimeout
 from asynclock.backends import RedisBackend
 from asynclock.backends._scripts import RELEASED_CAP
 from asynclock.backends.redis import Call, Keys
-from asynclock.testing.proxy import FaultProxy
 
 from .conftest import MakeCoord, eventually, redis_backend
 

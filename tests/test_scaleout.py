@@ -1,5 +1,5 @@
 """Locks on Redis behind Sentinel and on Redis Cluster, with failovers, against real
-valkey-server topologies the harness builds (asynclock.testing._topology)."""
+valkey-server topologies the harness builds (pytest_asynclock.topology)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import time
 from collections import defaultdict
 
 import pytest
+from pytest_asynclock import ClusterSetup, SentinelSetup
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 import asynclock
 from asynclock import BackendError, Backoff, LockTimeout
 from asynclock.backends import RedisBackend
-from asynclock.testing import ClusterSetup, SentinelSetup
 
 from .conftest import eventually
 

@@ -27,13 +27,7 @@ import asyncpg
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from redis.asyncio import Redis
-from redis.exceptions import NoPermissionError
-
-import asynclock
-from asynclock import BackendError, Backoff, LockError, LockTimeout, QuorumError
-from asynclock.backends import PostgresBackend
-from asynclock.testing import (
+from pytest_asynclock import (
     PostgresFactory,
     PostgresServer,
     ServerStartError,
@@ -43,6 +37,12 @@ from asynclock.testing import (
     find_postgres_bindir,
     find_valkey_binary,
 )
+from redis.asyncio import Redis
+from redis.exceptions import NoPermissionError
+
+import asynclock
+from asynclock import BackendError, Backoff, LockError, LockTimeout, QuorumError
+from asynclock.backends import PostgresBackend
 
 from .conftest import eventually, redis_backend
 

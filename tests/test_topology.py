@@ -14,6 +14,13 @@ import pytest
 import redis
 import redis.asyncio
 import redis.exceptions
+from pytest_asynclock import (
+    ClusterSetup,
+    SentinelSetup,
+    ServerStartError,
+    ValkeyServer,
+)
+from pytest_asynclock import servers as _servers
 from redis.asyncio.cluster import ClusterNode as ClientNode
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel
@@ -21,14 +28,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import asynclock
-from asynclock.testing import (
-    ClusterSetup,
-    SentinelSetup,
-    ServerStartError,
-    ValkeyServer,
-    _servers,
-)
-from asynclock.testing.chaos import _Promotions
+from tests.chaos import _Promotions
 
 T = TypeVar("T")
 

@@ -11,6 +11,7 @@ import secrets
 from typing import Any
 
 import pytest
+from pytest_asynclock import ClusterSetup, SentinelSetup
 from redis.asyncio import Redis
 
 import asynclock
@@ -19,7 +20,6 @@ from asynclock._wakeup import WakeHub
 from asynclock.backends import Claim, RedisBackend
 from asynclock.backends.base import Attempt
 from asynclock.backends.redis import Keys
-from asynclock.testing import ClusterSetup, SentinelSetup
 
 from .conftest import eventually, redis_backend
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from .._version import __version__
+from asynclock import __version__
+
 from ._measure import STRICT_HOLD
 from ._suite import Plan
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import BinaryIO, Self, TypeAlias, TypeVar
 
-from ._servers import (
+from .servers import (
     _HOST,
     _REDIS_HELP,
     ServerStartError,

@@ -39,7 +39,7 @@ Faults, and what the client sees:
 Only loopback is served: the proxy listens on 127.0.0.1 and refuses (``ValueError``) a
 target that is not a loopback address, so a test cannot turn it into a relay.
 
-For chaos runs in other processes, ``python -m asynclock.testing.proxy --target
+For chaos runs in other processes, ``python -m pytest_asynclock.proxy --target
 HOST:PORT [--listen PORT]`` runs one proxy and takes one command per line on stdin
 (``latency SECONDS [JITTER]``, ``blackhole``, ``refuse``, ``reset``, ``heal``, ``stats``,
 ``quit``), answering each with a line on stdout: ``ok`` (``ok {json}`` for ``stats``) or
@@ -555,12 +555,12 @@ class ProxyProcess:
     def start(
         cls, target_host: str, target_port: int, *, listen_port: int = 0, timeout: float = 10.0
     ) -> ProxyProcess:
-        """Start ``python -m asynclock.testing.proxy`` and wait for its port."""
+        """Start ``python -m pytest_asynclock.proxy`` and wait for its port."""
         check_loopback(target_host)
         command = [
             sys.executable,
             "-m",
-            "asynclock.testing.proxy",
+            "pytest_asynclock.proxy",
             "--target",
             f"{target_host}:{target_port}",
             "--listen",
@@ -723,9 +723,9 @@ async def _serve_forever(target_host: str, target_port: int, listen_port: int) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m asynclock.testing.proxy --target HOST:PORT [--listen PORT]``."""
+    """``python -m pytest_asynclock.proxy --target HOST:PORT [--listen PORT]``."""
     parser = argparse.ArgumentParser(
-        prog="python -m asynclock.testing.proxy",
+        prog="python -m pytest_asynclock.proxy",
         description="A fault-injecting TCP proxy on 127.0.0.1, driven by commands on stdin.",
     )
     parser.add_argument("--target", required=True, help="HOST:PORT of the server (loopback)")

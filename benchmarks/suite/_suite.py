@@ -29,9 +29,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import connect
-from .._coordinator import Coordinator
-from .._lock import Lease
+from asynclock import Coordinator, Lease, connect
+
 from ._env import Servers
 from ._measure import (
     Handoffs,
@@ -429,7 +428,7 @@ class Suite:
             await coord.aclose()
 
     async def _redis(self, record: RunRecord, tick: Tick) -> None:
-        from redis.asyncio import Redis  # noqa: PLC0415 - only the Redis phases need it
+        from redis.asyncio import Redis
 
         url = self.servers.redis
         assert url is not None
@@ -524,7 +523,7 @@ class Suite:
             await redlock.aclose()
 
     async def _postgres(self, record: RunRecord, tick: Tick) -> None:
-        import asyncpg  # noqa: PLC0415 - only the PostgreSQL phases need it
+        import asyncpg
 
         dsn = self.servers.postgres
         assert dsn is not None
@@ -567,7 +566,7 @@ class Suite:
 
     async def _postgres_queued(self, record: RunRecord, tick: Tick) -> None:
         """Hand-off with one waiter queued in the server's lock queue, raw asyncpg first."""
-        import asyncpg  # noqa: PLC0415 - only the PostgreSQL phases need it
+        import asyncpg
 
         dsn = self.servers.postgres
         assert dsn is not None
@@ -643,7 +642,7 @@ class Suite:
 
     async def _ping(self, record: RunRecord, tick: Tick) -> None:
         """The PING floor alone, for contended cases run without the uncontended ones."""
-        from redis.asyncio import Redis  # noqa: PLC0415
+        from redis.asyncio import Redis
 
         assert self.servers.redis is not None
         raw = Redis.from_url(self.servers.redis)

@@ -3,10 +3,10 @@ checker that proves no two holders' fenced writes interleaved and nothing was lo
 
 A :class:`Scenario` names a backend (``redis``, ``redlock``, ``postgres``, ``sentinel``,
 ``cluster``), a fault schedule and a duration. :func:`run_scenario` starts the servers
-it needs (through a :class:`~asynclock.testing.ValkeyFactory` /
-:class:`~asynclock.testing.PostgresFactory`), a separate Valkey that holds the fenced
+it needs (through a :class:`~pytest_asynclock.ValkeyFactory` /
+:class:`~pytest_asynclock.PostgresFactory`), a separate Valkey that holds the fenced
 history resource (never faulted), fault-injecting proxies where the schedule needs them,
-and ``W`` worker processes (``python -m asynclock.testing.chaos worker ...``) with ``T``
+and ``W`` worker processes (``python -m tests.chaos worker ...``) with ``T``
 tasks each. Every task loops: acquire one of a few names, append ``start``, ``op`` and
 ``end`` entries to that name's fenced resource with ``lease.fence``, release; it counts
 leases lost, bodies cancelled, timeouts and backend errors. Tasks also give up: some
@@ -24,7 +24,7 @@ past the TTL), then runs the checker over the whole history and returns a
 
 Everything runs on loopback; every process started is stopped by its PID, on failure too.
 
-``python -m asynclock.testing.chaos run redis --duration 20`` runs one scenario by hand
+``python -m tests.chaos run redis --duration 20`` runs one scenario by hand
 and prints its report.
 """
 
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from asynclock.testing.history import Entry
+    from pytest_asynclock.history import Entry
 
 __all__ = (
     "BACKENDS",
@@ -88,7 +88,7 @@ Expect = Literal["loss", "impact"]
 """What a fault must visibly cause, checked in its window: ``loss`` = leases lost (or
 stale writes rejected) > 0; ``impact`` = any of lost, timeouts, errors, stale > 0."""
 
-_WORKER_MODULE = "asynclock.testing.chaos"
+_WORKER_MODULE = "tests.chaos"
 _GO = b"go\n"
 _READY = "ready"
 _STALL_SIGNAL = signal.SIGUSR1
@@ -359,7 +359,7 @@ def scenario(backend: str, duration: float = 60.0) -> Scenario:
     if duration < 20:
         raise ValueError(f"expected duration >= 20 s, got {duration}")
     faults = _FULL[backend] if duration >= 60 else _SHORT[backend]
-    from asynclock.testing._servers import find_faketime  # noqa: PLC0415
+    from pytest_asynclock.servers import find_faketime  # noqa: PLC0415
 
     fast = backend == "redis" and find_faketime() is not None
     return Scenario(
@@ -764,7 +764,7 @@ def format_reports(reports: Sequence[ChaosReport]) -> str:
 
 
 # --------------------------------------------------------------------------------------
-# The fenced resources: one asynclock.testing.history.FencedLog per lock name
+# The fenced resources: one pytest_asynclock.history.FencedLog per lock name
 
 
 def _log_key(namespace: str, name: str) -> str:
@@ -1031,7 +1031,7 @@ class _Worker:
         self.summary = WorkerSummary(config.worker)
         self.stall_requests: list[float] = []
         self.stop_at = 0.0
-        self.rng = random.Random()  # noqa: S311 - jitter, not secrets
+        self.rng = random.Random()
         self.coord: Any = None
         self.generation = 0
         self.stalled = -math.inf  # monotonic time the last stall ended
@@ -1071,9 +1071,8 @@ class _Worker:
 
     async def run(self) -> WorkerSummary:
         # Imported here: the parent side of this module needs neither.
+        from pytest_asynclock.history import FencedLog, dump_acks  # noqa: PLC0415
         from redis.asyncio import Redis  # noqa: PLC0415
-
-        from asynclock.testing.history import FencedLog, dump_acks  # noqa: PLC0415
 
         cfg = self.config
         # One connection per task, not a pool: after a stall the task's next write goes
@@ -1499,7 +1498,7 @@ async def unsupported(backend: str) -> str | None:
 
 
 async def _start_proxy(stack: contextlib.AsyncExitStack, host: str, port: int) -> Any:
-    from asynclock.testing.proxy import ProxyProcess  # noqa: PLC0415
+    from pytest_asynclock.proxy import ProxyProcess  # noqa: PLC0415
 
     proxy = await asyncio.to_thread(ProxyProcess.start, host, port)
     stack.callback(proxy.stop)
@@ -1517,7 +1516,7 @@ async def _valkeys(
         return list(await asyncio.to_thread(valkey_factory, sc.nodes))
     if sc.nodes != 1:
         raise ValueError("clock_rate is for a single Redis server")
-    from asynclock.testing import ServerUnavailable, ValkeyServer  # noqa: PLC0415
+    from pytest_asynclock import ServerUnavailable, ValkeyServer  # noqa: PLC0415
 
     try:
         fast = await asyncio.to_thread(ValkeyServer.start, clock_rate=sc.clock_rate)
@@ -1568,7 +1567,7 @@ async def _setup(  # noqa: PLR0917 - private, called once
     if reason is not None:
         raise ScenarioSkipped(reason)
     if topology is None:
-        from asynclock.testing import _topology  # noqa: PLC0415
+        from pytest_asynclock import topology as _topology  # noqa: PLC0415
 
         if sc.backend == "cluster":
             topology = await asyncio.to_thread(_topology.ClusterSetup.start)
@@ -1623,7 +1622,7 @@ def _close_plan(sc: Scenario, worker: int) -> list[float]:
     before the last 1.5 s. A close begun during any fault (latency, say) takes longer:
     it keeps :data:`_CLOSE_SLOW` seconds from the next window (closes of all workers
     still ending as a terminate fires left it no holder to end)."""
-    rng = random.Random()  # noqa: S311 - jitter, not secrets
+    rng = random.Random()
 
     def lead(at: float) -> float:
         slowed = any(
@@ -2166,15 +2165,14 @@ async def _check(
     by design; two holders believing at once inside one is counted as tolerated, not a
     violation.
     """
-    from redis.asyncio import Redis  # noqa: PLC0415
-
-    from asynclock.testing.history import (  # noqa: PLC0415
+    from pytest_asynclock.history import (  # noqa: PLC0415
         FencedLog,
         Grant,
         check,
         check_grants,
         load_acks,
     )
+    from redis.asyncio import Redis  # noqa: PLC0415
 
     verdict = _Verdict()
     client: Redis = Redis.from_url(history_url)
@@ -2264,7 +2262,7 @@ async def run_scenario(
         valkey_factory: starts private Valkey servers (``factory(n)``); the caller stops
             them (the plugin's ``asynclock_valkey_factory`` does).
         postgres_factory: the same for PostgreSQL (``postgres`` scenarios need one).
-        topology: a started :class:`~asynclock.testing._topology.SentinelSetup` /
+        topology: a started :class:`~pytest_asynclock.topology.SentinelSetup` /
             ``ClusterSetup`` for those scenarios (the caller stops it); None starts one
             and stops it at the end.
         history_url: a Valkey for the fenced history resources; default one more from
@@ -2920,7 +2918,7 @@ def _stale_budget(sc: Scenario, verdict: _Verdict) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m asynclock.testing.chaos")
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos")
     sub = parser.add_subparsers(dest="command", required=True)
     worker = sub.add_parser("worker", help="one worker process (started by the runner)")
     worker.add_argument("--worker", type=int, required=True)
@@ -2950,7 +2948,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _run_cli(args: argparse.Namespace) -> tuple[list[ChaosReport], bool]:
-    from asynclock.testing import PostgresFactory, ValkeyFactory  # noqa: PLC0415
+    from pytest_asynclock import PostgresFactory, ValkeyFactory  # noqa: PLC0415
 
     reports: list[ChaosReport] = []
     failed = False
@@ -2973,7 +2971,7 @@ async def _run_cli(args: argparse.Namespace) -> tuple[list[ChaosReport], bool]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m asynclock.testing.chaos worker|run ...``; ``run`` exits 1 when a
+    """``python -m tests.chaos worker|run ...``; ``run`` exits 1 when a
     report has problems."""
     args = _parser().parse_args(argv)
     if args.command == "worker":

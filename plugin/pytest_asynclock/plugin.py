@@ -1,11 +1,11 @@
 """pytest plugin: real Valkey/Redis and PostgreSQL servers as fixtures.
 
-Registered through the ``pytest11`` entry point ``asynclock``, so installing asynclock
-makes these fixtures available to any test suite:
+Registered through the ``pytest11`` entry point ``asynclock``, so installing
+pytest-asynclock makes these fixtures available to any test suite:
 
 ``asynclock_redis_server`` / ``asynclock_postgres_server`` (session)
-    One shared server each, chosen by :func:`~asynclock.testing._servers.redis_server` /
-    :func:`~asynclock.testing._servers.postgres_server` (environment URL, container, or
+    One shared server each, chosen by :func:`~pytest_asynclock.servers.redis_server` /
+    :func:`~pytest_asynclock.servers.postgres_server` (environment URL, container, or
     local binary). Tests needing them are skipped when none can be had.
 ``asynclock_redis_url`` / ``asynclock_postgres_dsn``
     Their connection URLs.
@@ -13,11 +13,11 @@ makes these fixtures available to any test suite:
     Start private servers (``factory(3)``) that the test may freeze, kill and restart;
     all are stopped, by PID, when the test ends.
 ``asynclock_sentinel``
-    A :class:`~asynclock.testing.SentinelSetup` of the test's own: a master, two replicas
+    A :class:`~pytest_asynclock.SentinelSetup` of the test's own: a master, two replicas
     and three sentinels (``.url`` is ``redis+sentinel://...``); the test may fail it over,
     kill, freeze and restart its processes. Stopped, by PID, when the test ends.
 ``asynclock_cluster``
-    A :class:`~asynclock.testing.ClusterSetup` of the test's own: three masters with one
+    A :class:`~pytest_asynclock.ClusterSetup` of the test's own: three masters with one
     replica each (``.url`` is ``redis+cluster://...``); parametrize it indirectly with the
     number of replicas per master (``0`` starts faster). Stopped, by PID, when the test ends.
 
@@ -40,7 +40,7 @@ from types import FrameType
 
 import pytest
 
-from asynclock.testing._servers import (
+from pytest_asynclock.servers import (
     PostgresFactory,
     ServerProcess,
     ServerUnavailable,
@@ -51,7 +51,7 @@ from asynclock.testing._servers import (
     postgres_server,
     redis_server,
 )
-from asynclock.testing._topology import ClusterSetup, SentinelSetup
+from pytest_asynclock.topology import ClusterSetup, SentinelSetup
 
 __all__ = (
     "Terminated",
