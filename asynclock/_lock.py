@@ -314,7 +314,7 @@ class Lease:
     def _confirmed(self, start: float, ttl: float) -> None:
         """The server confirmed a request for ``ttl`` sent at ``start`` (the last to run
         of those this lease has confirmed, as one is in flight at a time)."""
-        effective = min(ttl, self._ttl_floor)
+        effective = min(ttl, self._ttl_floor, self._claim.floor)
         self._valid_until = start + effective - self._coord.backend.drift(effective)
         self._interval = effective / 3
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from pytest_asynclock import ValkeyFactory, ValkeyServer
+from pytest_asynclock import FaultProxy, ValkeyFactory, ValkeyServer
 from redis.asyncio import Redis
 
 import asynclock
@@ -318,3 +318,64 @@ class TestLateReleases:
             await backend.aclose()
             for client in clients:
                 await client.aclose()
+
+
+async def pttls(nodes: list[ValkeyServer], key: str) -> list[int]:
+    """Each node's PTTL of ``key`` (asked directly, node by node)."""
+    found = []
+    for node in nodes:
+        client = Redis.from_url(node.url, socket_timeout=2)
+        try:
+            found.append(int(await client.pttl(key)))
+        finally:
+            await client.aclose()
+    return found
+
+
+class TestStragglers:
+    async def test_a_late_shorter_extend_on_a_minority_bounds_the_next_confirmation(
+        self, asynclock_valkey_factory: ValkeyFactory, namespace: str
+    ) -> None:
+        """An extend(2) confirmed by A and B is still on its way to C (its connection given
+        up); extend(30) is then confirmed by B and C while A is cut off, and C's old copy
+        lands after it: A and C keep ~2 s, so at no moment may the lease believe itself
+        valid past what a majority of nodes keeps."""
+        nodes = asynclock_valkey_factory(3)
+        name = "straggler"
+        key = f"{namespace}:{{{name}}}"
+        proxies = [FaultProxy.from_url(node.url) for node in nodes]
+        for proxy in proxies:
+            await proxy.start()
+        a, _, c = proxies
+        urls = [proxy.url_for(node.url) for proxy, node in zip(proxies, nodes, strict=True)]
+        try:
+            async with asynclock.connect(
+                urls, prefix=namespace, node_timeout=0.2, socket_timeout=0.4
+            ) as coord:
+                lease = await coord.lock(name, ttl=30.0, renew=False).acquire()
+                c.set_latency(1.0)  # C's copy of the next extend lands 1 s late
+                await lease.extend(2.0)  # A and B confirm
+                # C's connection is given up at its socket timeout (0.4 s); its request
+                # still travels (TCP delivers what was sent before the close).
+                assert await eventually(lambda: c.stats.client_ends > 0, within=10.0)
+                c.heal()
+                a.blackhole()  # A misses the next extend
+                await lease.extend(30.0)  # B and C confirm (C on a new connection)
+                landed = False
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 10
+                while lease.expires_in > 0 and loop.time() < deadline:
+                    believed = loop.time() + lease.expires_in
+                    left = await pttls(nodes, key)
+                    now = loop.time()
+                    kept = sorted(now + ms / 1000 if ms > 0 else now for ms in left)[1]
+                    assert believed <= kept, (
+                        f"believed valid {believed - kept:.3f}s past what a majority of "
+                        f"nodes keeps ({left} ms)"
+                    )
+                    landed = landed or (0 < left[2] <= 2000 and left[1] > 5000)
+                    await asyncio.sleep(0.05)
+                assert landed, "C's late extend(2) never landed after extend(30)"
+        finally:
+            for proxy in proxies:
+                await proxy.stop()

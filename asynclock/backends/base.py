@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import math
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -55,6 +56,7 @@ class Claim:
     __slots__ = (
         "ended",
         "fair",
+        "floor",
         "handle",
         "limit",
         "name",
@@ -86,6 +88,12 @@ class Claim:
         # Set by the backend when the server certainly ended this claim's current grant
         # (see Backend.on_hold_lost); reset by the backend at the claim's next grant.
         self.ended = False
+        # The shortest TTL of an extend of this claim that a backend reported confirmed
+        # while one of its servers had not answered (Redlock: a majority confirmed, a
+        # straggler's copy is still on its way, perhaps on a connection given up). That
+        # copy may land after a later, longer extend and cut its expiry there: the lease
+        # counts any later confirmation for at most this long.
+        self.floor = math.inf
 
     def reissue(self) -> None:
         """Give the claim a fresh random token (same identity) for its next attempt.

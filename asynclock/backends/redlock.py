@@ -416,6 +416,8 @@ class RedlockBackend(Backend):
         verdict = self._verdict(results)
         if verdict is None:
             raise self._no_quorum("extend", sum(isinstance(r, Exception) for r in results))
+        if verdict:
+            _straggled(claim, ttl, results)
         return verdict
 
     def _verdict(self, results: Sequence[object]) -> bool | None:
@@ -430,12 +432,12 @@ class RedlockBackend(Backend):
         batch = [(self._keys(claim), claim.value, ttl) for claim, ttl in items]
         per_node = await self._each(lambda node: node.extend_many_keys(batch))
         verdicts: list[bool | None] = []
-        for i in range(len(items)):
-            verdicts.append(
-                self._verdict(
-                    [results[i] if isinstance(results, list) else None for results in per_node]
-                )
-            )
+        for i, (claim, ttl) in enumerate(items):
+            replies = [results[i] if isinstance(results, list) else None for results in per_node]
+            verdict = self._verdict(replies)
+            if verdict:
+                _straggled(claim, ttl, replies)
+            verdicts.append(verdict)
         return verdicts
 
     async def release(self, claim: Claim) -> bool:
@@ -549,6 +551,15 @@ class _Deadline:
     def cancel(self) -> None:
         if self.handle is not None:
             self.handle.cancel()
+
+
+def _straggled(claim: Claim, ttl: float, replies: Sequence[object]) -> None:
+    """A majority confirmed an extend to ``ttl``: if a node has not answered (still
+    working, failed, or late), its copy may still land after a later, longer extend and
+    cut that node's expiry to ``ttl`` from then; the lease counts no confirmation beyond
+    ``ttl`` from now on (:attr:`Claim.floor`)."""
+    if any(reply is None or isinstance(reply, BaseException) for reply in replies):
+        claim.floor = min(claim.floor, ttl)
 
 
 class _Tally:

@@ -119,7 +119,9 @@ class ProxyStats:
     ``bytes_up`` went client -> server, ``bytes_down`` server -> client; ``held_*``
     are bytes a black hole held back until the heal. ``refused`` and ``resets`` count
     connections ended by :meth:`~FaultProxy.refuse` and :meth:`~FaultProxy.reset` (or an
-    upstream that could not be reached).
+    upstream that could not be reached). ``client_ends`` counts connections whose client
+    closed or reset its side, counted when the proxy reads it (bytes it sent before are
+    still delivered to the server, at their delay).
     """
 
     connections: int = 0
@@ -130,6 +132,7 @@ class ProxyStats:
     bytes_down: int = 0
     held_up: int = 0
     held_down: int = 0
+    client_ends: int = 0
 
 
 def _abort(writer: asyncio.StreamWriter | None) -> None:
@@ -471,8 +474,12 @@ class FaultProxy:
                     delay += random.uniform(0.0, self._jitter)  # noqa: S311 - test jitter
                 await queue.put((loop.time() + delay, data))
                 if not data:
+                    if way == "up":
+                        self._stats["client_ends"] += 1
                     return  # the end of stream is queued behind the data
         except OSError as exc:  # a reset: the writer side raises it at once
+            if way == "up":
+                self._stats["client_ends"] += 1
             await queue.put((0.0, exc))
 
     async def _drain(
