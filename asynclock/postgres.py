@@ -3,7 +3,9 @@ advisory locks.
 
 Session locks (``coord.lock()`` on a ``postgresql://`` coordinator) live in
 ``asynclock.backends.postgres``. The functions here work on any asyncpg connection, so
-they can be used inside the application's own transactions.
+they can be used inside the application's own transactions. The name-to-key functions
+(:func:`advisory_key`, :func:`permit_key`, :func:`waiting_key`, :func:`fence_ids`,
+:func:`permit_fence_ids`, :func:`lock_ids`) are the very ones session locks use.
 
 Fences do not depend on the fence sequence's settings or durability. A fence is
 ``GREATEST(nextval(sequence), the server's clock in whole µs since the Unix epoch)``,
@@ -21,7 +23,6 @@ behind the fences it handed out.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import time
 from contextlib import AbstractAsyncContextManager
@@ -30,22 +31,43 @@ from typing import Any, Literal, overload
 import asyncpg
 
 from ._errors import BackendError, LockError, LockTimeout
+from ._pgkeys import (
+    DEFAULT_NAMESPACE,
+    advisory_key,
+    fence_ids,
+    key_in,
+    lock_ids,
+    permit_fence_ids,
+    permit_key,
+    permit_prefix,
+    waiting_key,
+)
 from ._validate import check_name, check_timeout
 
+# Every public name: the key derivation is defined in asynclock._pgkeys, where session
+# locks take it from too, and offered here.
 __all__ = (
     "DEFAULT_NAMESPACE",
     "IDENTITY_TABLE",
+    "TRY_FENCE_WAIT_MS",
     "NoTransactionError",
     "advisory_key",
     "advisory_xact_lock",
+    "ensure_fence_sequence",
+    "ensure_identity_table",
+    "fence_ids",
+    "fence_select",
     "fence_sequence_sql",
     "identity_table_sql",
+    "key_in",
+    "lock_ids",
+    "lock_timeout_sql",
+    "permit_fence_ids",
     "permit_key",
+    "permit_prefix",
     "quote_ident",
+    "waiting_key",
 )
-
-#: The namespace mixed into every key unless another is configured.
-DEFAULT_NAMESPACE = "asynclock"
 
 #: The table (in the coordinator's schema) that keeps holder identities that
 #: ``application_name`` cannot show whole: longer than about 25 bytes, or not printable
@@ -56,93 +78,6 @@ IDENTITY_TABLE = "asynclock_identities"
 
 class NoTransactionError(LockError, RuntimeError):
     """``advisory_xact_lock`` was called on a connection with no open transaction."""
-
-
-def advisory_key(name: str, namespace: str = DEFAULT_NAMESPACE) -> int:
-    """The 64-bit advisory-lock key of ``name``: stable, documented, any language can
-    compute it.
-
-    ``key = first 8 bytes of SHA-256(UTF-8(namespace) + b"\\x00" + UTF-8(name))``, read as a
-    big-endian *signed* 64-bit integer (PostgreSQL's ``bigint``). Locks taken with this
-    one-argument (``bigint``) form never conflict with the two-``int4`` form
-    (``pg_advisory_lock(int, int)``): PostgreSQL tags them differently.
-
-    >>> advisory_key("invoice:42")
-    -3222681048253742227
-    """
-    check_name(name)
-    check_name(namespace, "namespace")
-    return key_in(namespace.encode() + b"\x00", name)
-
-
-def key_in(prefix: bytes, name: str) -> int:
-    """:func:`advisory_key` for ``prefix = UTF-8(namespace) + b"\\x00"``, unchecked."""
-    digest = hashlib.sha256(prefix + name.encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def permit_prefix(namespace: str, name: str) -> bytes:
-    """The bytes every permit key of semaphore ``name`` is hashed from, before the slot.
-
-    ``UTF-8(namespace) + b"\\x00" + UTF-8(name) + b"\\xff"``: the same start as a lock's
-    key, then a byte that never occurs in UTF-8, so no lock name hashes the same input.
-    """
-    return namespace.encode() + b"\x00" + name.encode() + b"\xff"
-
-
-def permit_key(name: str, slot: int, namespace: str = DEFAULT_NAMESPACE) -> int:
-    """The 64-bit advisory-lock key of permit ``slot`` (0 to limit - 1) of semaphore ``name``.
-
-    ``key = first 8 bytes of SHA-256(UTF-8(namespace) + b"\\x00" + UTF-8(name) + b"\\xff" +
-    ASCII(decimal slot))``, big-endian signed, like :func:`advisory_key`. ``0xFF`` never
-    occurs in UTF-8, so permit keys and lock keys are hashed from different inputs: a
-    semaphore never shares keys with the lock of the same name.
-
-    >>> permit_key("api-quota", 0) == permit_key("api-quota", 0, "asynclock")
-    True
-    """
-    check_name(name)
-    check_name(namespace, "namespace")
-    if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
-        raise ValueError(f"slot must be an int >= 0, got {slot!r}")
-    digest = hashlib.sha256(permit_prefix(namespace, name) + str(slot).encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def waiting_key(name: str, namespace: str = DEFAULT_NAMESPACE) -> int:
-    """The key permit waiters of semaphore ``name`` hold (shared) while they wait.
-
-    ``SHA-256(permit_prefix + b"waiting")``: not a decimal slot, so never a permit key. A
-    release that cannot take it exclusively knows someone waits and sends a NOTIFY.
-    """
-    digest = hashlib.sha256(permit_prefix(namespace, name) + b"waiting").digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def fence_ids(key: int) -> tuple[int, int]:
-    """The ``(int4, int4)`` fence key of advisory key ``key`` (a lock's): the
-    transaction-level lock ``pg_advisory_xact_lock(a, b)`` that serialises the fence step
-    of every holder of the key, exclusive, shared or in a transaction.
-
-    ``first 8 bytes of SHA-256(key as 8 big-endian bytes + b"fence")``, read as two
-    big-endian signed 32-bit integers. The two-argument form never conflicts with the
-    ``bigint`` locks, and a hash keeps it apart from an application's own two-int locks
-    on the halves of a key (:func:`lock_ids`).
-    """
-    return _int4_pair(hashlib.sha256(key.to_bytes(8, "big", signed=True) + b"fence").digest())
-
-
-def permit_fence_ids(name: str, namespace: str = DEFAULT_NAMESPACE) -> tuple[int, int]:
-    """The ``(int4, int4)`` fence key of semaphore ``name``, shared by all its permits:
-    ``SHA-256(permit_prefix + b"fence")``, read as :func:`fence_ids` reads its digest."""
-    return _int4_pair(hashlib.sha256(permit_prefix(namespace, name) + b"fence").digest())
-
-
-def _int4_pair(digest: bytes) -> tuple[int, int]:
-    return (
-        int.from_bytes(digest[:4], "big", signed=True),
-        int.from_bytes(digest[4:8], "big", signed=True),
-    )
 
 
 def _micros(timestamp: str) -> str:
@@ -216,12 +151,6 @@ def lock_timeout_sql(param: str, *, unless_set: bool) -> str:
     else:
         value = param
     return f"set_config('lock_timeout', {value}, true)"
-
-
-def lock_ids(key: int) -> tuple[int, int]:
-    """``(classid, objid)`` under which ``pg_locks`` shows a ``bigint`` key (objsubid 1)."""
-    unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
-    return unsigned >> 32, unsigned & 0xFFFF_FFFF
 
 
 def quote_ident(identifier: str) -> str:
