@@ -3,7 +3,9 @@ advisory locks.
 
 Session locks (``coord.lock()`` on a ``postgresql://`` coordinator) live in
 ``asynclock.backends.postgres``. The functions here work on any asyncpg connection, so
-they can be used inside the application's own transactions.
+they can be used inside the application's own transactions. The name-to-key functions
+(:func:`advisory_key`, :func:`permit_key`, :func:`waiting_key`, :func:`fence_ids`,
+:func:`permit_fence_ids`, :func:`lock_ids`) are the very ones session locks use.
 
 Fences do not depend on the fence sequence's settings or durability. A fence is
 ``GREATEST(nextval(sequence), the server's clock in whole µs since the Unix epoch)``,
@@ -21,259 +23,64 @@ behind the fences it handed out.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import time
-from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, overload
 
 import asyncpg
 
 from ._errors import BackendError, LockError, LockTimeout
+from ._pgkeys import (
+    DEFAULT_NAMESPACE,
+    advisory_key,
+    fence_ids,
+    key_in,
+    lock_ids,
+    permit_fence_ids,
+    permit_key,
+    permit_prefix,
+    waiting_key,
+)
 from ._validate import check_name, check_timeout
+from .backends.postgres.schema import (
+    IDENTITY_TABLE,
+    ensure_fence_sequence,
+    ensure_identity_table,
+    fence_sequence_sql,
+    identity_table_sql,
+    quote_ident,
+)
+from .backends.postgres.sql import TRY_FENCE_WAIT_MS, fence_select, lock_timeout_sql
 
+# Every public name: the key derivation (asynclock._pgkeys) and the schema and SQL helpers
+# (asynclock.backends.postgres) are defined where session locks use them too, and offered
+# here.
 __all__ = (
     "DEFAULT_NAMESPACE",
     "IDENTITY_TABLE",
+    "TRY_FENCE_WAIT_MS",
     "NoTransactionError",
     "advisory_key",
     "advisory_xact_lock",
+    "ensure_fence_sequence",
+    "ensure_identity_table",
+    "fence_ids",
+    "fence_select",
     "fence_sequence_sql",
     "identity_table_sql",
+    "key_in",
+    "lock_ids",
+    "lock_timeout_sql",
+    "permit_fence_ids",
     "permit_key",
+    "permit_prefix",
     "quote_ident",
+    "waiting_key",
 )
-
-#: The namespace mixed into every key unless another is configured.
-DEFAULT_NAMESPACE = "asynclock"
-
-#: The table (in the coordinator's schema) that keeps holder identities that
-#: ``application_name`` cannot show whole: longer than about 25 bytes, or not printable
-#: ASCII. Created on first need; one small row per such identity, never deleted by
-#: asynclock (delete old rows at will: ``inspect()`` then shows ``#`` and a digest).
-IDENTITY_TABLE = "asynclock_identities"
 
 
 class NoTransactionError(LockError, RuntimeError):
     """``advisory_xact_lock`` was called on a connection with no open transaction."""
-
-
-def advisory_key(name: str, namespace: str = DEFAULT_NAMESPACE) -> int:
-    """The 64-bit advisory-lock key of ``name``: stable, documented, any language can
-    compute it.
-
-    ``key = first 8 bytes of SHA-256(UTF-8(namespace) + b"\\x00" + UTF-8(name))``, read as a
-    big-endian *signed* 64-bit integer (PostgreSQL's ``bigint``). Locks taken with this
-    one-argument (``bigint``) form never conflict with the two-``int4`` form
-    (``pg_advisory_lock(int, int)``): PostgreSQL tags them differently.
-
-    >>> advisory_key("invoice:42")
-    -3222681048253742227
-    """
-    check_name(name)
-    check_name(namespace, "namespace")
-    return key_in(namespace.encode() + b"\x00", name)
-
-
-def key_in(prefix: bytes, name: str) -> int:
-    """:func:`advisory_key` for ``prefix = UTF-8(namespace) + b"\\x00"``, unchecked."""
-    digest = hashlib.sha256(prefix + name.encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def permit_prefix(namespace: str, name: str) -> bytes:
-    """The bytes every permit key of semaphore ``name`` is hashed from, before the slot.
-
-    ``UTF-8(namespace) + b"\\x00" + UTF-8(name) + b"\\xff"``: the same start as a lock's
-    key, then a byte that never occurs in UTF-8, so no lock name hashes the same input.
-    """
-    return namespace.encode() + b"\x00" + name.encode() + b"\xff"
-
-
-def permit_key(name: str, slot: int, namespace: str = DEFAULT_NAMESPACE) -> int:
-    """The 64-bit advisory-lock key of permit ``slot`` (0 to limit - 1) of semaphore ``name``.
-
-    ``key = first 8 bytes of SHA-256(UTF-8(namespace) + b"\\x00" + UTF-8(name) + b"\\xff" +
-    ASCII(decimal slot))``, big-endian signed, like :func:`advisory_key`. ``0xFF`` never
-    occurs in UTF-8, so permit keys and lock keys are hashed from different inputs: a
-    semaphore never shares keys with the lock of the same name.
-
-    >>> permit_key("api-quota", 0) == permit_key("api-quota", 0, "asynclock")
-    True
-    """
-    check_name(name)
-    check_name(namespace, "namespace")
-    if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
-        raise ValueError(f"slot must be an int >= 0, got {slot!r}")
-    digest = hashlib.sha256(permit_prefix(namespace, name) + str(slot).encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def waiting_key(name: str, namespace: str = DEFAULT_NAMESPACE) -> int:
-    """The key permit waiters of semaphore ``name`` hold (shared) while they wait.
-
-    ``SHA-256(permit_prefix + b"waiting")``: not a decimal slot, so never a permit key. A
-    release that cannot take it exclusively knows someone waits and sends a NOTIFY.
-    """
-    digest = hashlib.sha256(permit_prefix(namespace, name) + b"waiting").digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def fence_ids(key: int) -> tuple[int, int]:
-    """The ``(int4, int4)`` fence key of advisory key ``key`` (a lock's): the
-    transaction-level lock ``pg_advisory_xact_lock(a, b)`` that serialises the fence step
-    of every holder of the key, exclusive, shared or in a transaction.
-
-    ``first 8 bytes of SHA-256(key as 8 big-endian bytes + b"fence")``, read as two
-    big-endian signed 32-bit integers. The two-argument form never conflicts with the
-    ``bigint`` locks, and a hash keeps it apart from an application's own two-int locks
-    on the halves of a key (:func:`lock_ids`).
-    """
-    return _int4_pair(hashlib.sha256(key.to_bytes(8, "big", signed=True) + b"fence").digest())
-
-
-def permit_fence_ids(name: str, namespace: str = DEFAULT_NAMESPACE) -> tuple[int, int]:
-    """The ``(int4, int4)`` fence key of semaphore ``name``, shared by all its permits:
-    ``SHA-256(permit_prefix + b"fence")``, read as :func:`fence_ids` reads its digest."""
-    return _int4_pair(hashlib.sha256(permit_prefix(namespace, name) + b"fence").digest())
-
-
-def _int4_pair(digest: bytes) -> tuple[int, int]:
-    return (
-        int.from_bytes(digest[:4], "big", signed=True),
-        int.from_bytes(digest[4:8], "big", signed=True),
-    )
-
-
-def _micros(timestamp: str) -> str:
-    """SQL for ``timestamp`` (a UTC ``timestamp without time zone``) in whole µs since
-    the Unix epoch, exact on every version: the whole seconds of ``date_part('epoch')`` of
-    the timestamp cut to the second (an integral double) plus its microseconds field
-    (``date_part('epoch')`` of the timestamp itself is a double that loses microseconds,
-    and ``extract()`` returns numeric only from PostgreSQL 14)."""
-    return (
-        f"(date_part('epoch', date_trunc('second', {timestamp}))::bigint * 1000000 "
-        f"+ date_part('microseconds', {timestamp})::bigint % 1000000)"
-    )
-
-
-# One reading of the server's clock, as _micros takes it.
-_CLOCK = "clock_timestamp() AT TIME ZONE 'UTC'"
-
-
-# How many clock readings the fence step takes at most while it waits for the next
-# microsecond: a clock that never moves is broken, and the statement must still end.
-_SPIN_LIMIT = 100_000
-
-
-def fence_select(
-    sequence: str, *, granted_rows: str, fence_key: tuple[str, str], carry: str = ""
-) -> str:
-    """A SELECT of ``(<carry>, fence, waited)``: the fence step for each granted row.
-
-    ``granted_rows`` is the FROM clause of the rows granted (one at most, e.g.
-    ``(...) AS attempt WHERE ok``), ``fence_key`` the two SQL expressions of the fence
-    key, ``carry`` the columns of ``granted_rows`` to pass on (``"key, "``). Each step is
-    a subquery over the one before, evaluated row by row in that order (a subquery with
-    volatile functions in its target list is never merged into its parent, and ``OFFSET
-    0`` says so again): the transaction-level lock on the fence key (taken only for a
-    granted row; it ends with the statement's or the savepoint's transaction), then
-    ``nextval`` and one clock reading, then clock readings until one differs from it, at
-    most :data:`_SPIN_LIMIT` (``waited``: how many; a reading that went back ends the
-    wait too, no wait could mend that). Select ``waited`` in the statement's result: an
-    output column is always computed, so the wait always runs.
-    """
-    a, b = fence_key
-    literal = "'" + sequence.replace("'", "''") + "'"
-    # generate_series in a target list yields lazily: LIMIT 1 stops at the first
-    # reading that differs (in FROM it would make all _SPIN_LIMIT rows first).
-    wait = (
-        f"(SELECT n FROM (SELECT generate_series(1, {_SPIN_LIMIT}) AS n) AS g "
-        f"WHERE {_CLOCK} <> r.at LIMIT 1)"
-    )
-    return (
-        f"SELECT {carry}greatest(r.floor, {_micros('r.at')}) AS fence, {wait} AS waited "
-        f"FROM (SELECT {carry}nextval({literal}) AS floor, {_CLOCK} AS at "
-        f"FROM (SELECT {carry}pg_advisory_xact_lock({a}::int4, {b}::int4) "
-        f"FROM {granted_rows} OFFSET 0) AS locked OFFSET 0) AS r"
-    )
-
-
-#: How long a try (``timeout=0``) waits for the fence step, unless the session has a
-#: ``lock_timeout`` of its own: the fence key is held for microseconds, but a migration's
-#: ``ALTER SEQUENCE`` holds back ``nextval``.
-TRY_FENCE_WAIT_MS = 1000
-
-
-def lock_timeout_sql(param: str, *, unless_set: bool) -> str:
-    """SQL that sets ``lock_timeout`` to ``param`` (milliseconds, text) for the rest of
-    the transaction; with ``unless_set``, only if the session has none (``0``)."""
-    if unless_set:
-        value = (
-            f"CASE current_setting('lock_timeout') WHEN '0' THEN {param} "
-            "ELSE current_setting('lock_timeout') END"
-        )
-    else:
-        value = param
-    return f"set_config('lock_timeout', {value}, true)"
-
-
-def lock_ids(key: int) -> tuple[int, int]:
-    """``(classid, objid)`` under which ``pg_locks`` shows a ``bigint`` key (objsubid 1)."""
-    unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
-    return unsigned >> 32, unsigned & 0xFFFF_FFFF
-
-
-def quote_ident(identifier: str) -> str:
-    """A PostgreSQL identifier, double-quoted."""
-    if not isinstance(identifier, str) or not identifier or "\x00" in identifier:
-        raise ValueError(f"not a valid PostgreSQL identifier: {identifier!r}")
-    return '"' + identifier.replace('"', '""') + '"'
-
-
-def fence_sequence_sql(schema: str, sequence: str) -> str:
-    """The SQL that creates the fence sequence (run it by hand if the role may not)."""
-    return f"CREATE SEQUENCE IF NOT EXISTS {quote_ident(schema)}.{quote_ident(sequence)} CACHE 1;"
-
-
-def identity_table_sql(schema: str) -> str:
-    """The SQL that creates the identity table (run it by hand if the role may not)."""
-    return (
-        f"CREATE TABLE IF NOT EXISTS {quote_ident(schema)}.{quote_ident(IDENTITY_TABLE)} "
-        "(digest text PRIMARY KEY, identity text NOT NULL);"
-    )
-
-
-def _own_transaction(conn: asyncpg.Connection[Any]) -> AbstractAsyncContextManager[object]:
-    """A savepoint if a transaction is open (a failure must not abort the caller's
-    transaction), else nothing: each statement is a transaction of its own. No statement
-    of ours to BEGIN and COMMIT, which asyncpg sends without a timeout."""
-    if conn.is_in_transaction():
-        savepoint: AbstractAsyncContextManager[object] = conn.transaction()
-        return savepoint
-    return contextlib.nullcontext()
-
-
-async def ensure_identity_table(
-    conn: asyncpg.Connection[Any], schema: str, *, timeout: float | None = None
-) -> None:
-    """Create the identity table if it does not exist; a clear error if we may not.
-
-    ``timeout`` bounds each statement (asyncpg's ``timeout``: ``TimeoutError``)."""
-    sql = identity_table_sql(schema)
-    qualified = f"{quote_ident(schema)}.{quote_ident(IDENTITY_TABLE)}"
-    try:
-        async with _own_transaction(conn):
-            await conn.execute(sql, timeout=timeout)
-    except asyncpg.exceptions.InsufficientPrivilegeError as exc:
-        raise BackendError(
-            f"the role may not create the table {qualified} ({exc}), which keeps holder "
-            "identities too long or not ASCII for application_name; run this once as a "
-            f"role that may, or use identities of printable ASCII that fit:\n    {sql}\n"
-            f"    GRANT SELECT, INSERT ON {qualified} TO <role>;"
-        ) from exc
-    except (asyncpg.exceptions.UniqueViolationError, asyncpg.exceptions.DuplicateTableError):
-        return  # created concurrently (IF NOT EXISTS is not atomic)
 
 
 def _timeout_ms(seconds: float) -> str:
@@ -445,44 +252,3 @@ async def _xact_fence(
             raise _GiveBack
     assert fence is not None
     return fence
-
-
-async def ensure_fence_sequence(
-    conn: asyncpg.Connection[Any], schema: str, sequence: str, *, timeout: float | None = None
-) -> None:
-    """Create the fence sequence if it does not exist; a clear error if we may not.
-
-    ``timeout`` bounds each statement (asyncpg's ``timeout``: ``TimeoutError``)."""
-    qualified = f"{quote_ident(schema)}.{quote_ident(sequence)}"
-    sql = fence_sequence_sql(schema, sequence)
-    try:
-        async with _own_transaction(conn):
-            found = await conn.fetchrow(
-                "SELECT seqcache, seqincrement, seqcycle FROM pg_sequence"
-                " WHERE seqrelid = to_regclass($1)",
-                qualified,
-                timeout=timeout,
-            )
-            if found is None:
-                await conn.execute(sql, timeout=timeout)
-                return
-    except asyncpg.exceptions.InsufficientPrivilegeError as exc:
-        raise BackendError(
-            f"the role may not create or use the fence sequence {qualified} ({exc}); "
-            f"run this once as a role that may, then let this role use it:\n    {sql}\n"
-            f"    GRANT USAGE ON SCHEMA {quote_ident(schema)} TO <role>;\n"
-            f"    GRANT USAGE ON SEQUENCE {qualified} TO <role>;"
-        ) from exc
-    except (asyncpg.exceptions.UniqueViolationError, asyncpg.exceptions.DuplicateTableError):
-        # Created concurrently by another coordinator: IF NOT EXISTS is not atomic, and
-        # the loser of the race gets one of these two errors depending on timing.
-        return
-    cache, increment, cycle = found
-    if cache != 1 or increment <= 0 or cycle:
-        # Each session caches its own range of values with CACHE > 1: a session that took
-        # 1..20 hands out 2 after another handed out 21, and fences go backwards.
-        raise BackendError(
-            f"the fence sequence {qualified} was created with CACHE {cache}, INCREMENT "
-            f"{increment}{' CYCLE' if cycle else ''}: fences would not always increase. "
-            f"Fix it once with:\n    ALTER SEQUENCE {qualified} CACHE 1 INCREMENT 1 NO CYCLE;"
-        )
