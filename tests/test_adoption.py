@@ -88,6 +88,20 @@ class TestLazyDrivers:
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == loaded
 
+    def test_the_pytest_plugin_loads_nothing_heavy(self) -> None:
+        """Loading pytest-asynclock's plugin imports neither asynclock, redis-py nor
+        asyncpg: a project pays for them only when a fixture is used."""
+        script = (
+            "import sys, pytest_asynclock.plugin, pytest_asynclock\n"
+            "pytest_asynclock.__all__  # the names are listed without importing them\n"
+            "print(*[m for m in ('asynclock', 'redis', 'asyncpg') if m in sys.modules])\n"
+        )
+        done = subprocess.run(  # noqa: S603 - our own interpreter and a fixed script
+            [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == []
+
     def test_a_missing_driver_names_its_extra(self) -> None:
         """Without redis-py or asyncpg installed, connect() says which extra brings it;
         memory:// needs neither."""
