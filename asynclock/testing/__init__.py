@@ -1,8 +1,10 @@
 """In-process helpers for testing code that uses asynclock.
 
 - :class:`ManualClock`: a clock moved by hand, for the memory backend
-  (``asynclock.connect("memory://", clock=clock)``), so TTLs, renewals and retries run
+  (``Coordinator(MemoryBackend(clock=clock))``), so TTLs, renewals and retries run
   without waiting.
+- :func:`check_backend`: the backend contract kit, for implementers of a backend
+  (:mod:`.contract`).
 
 Real servers for tests (the pytest fixtures, server launchers, the fault-injecting proxy
 and the history checker) are the separate distribution ``pytest-asynclock`` (import
@@ -14,8 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from .clock import ManualClock as ManualClock
+from .contract import ContractViolation as ContractViolation
+from .contract import check_backend as check_backend
 
-__all__ = ("ManualClock",)
+__all__ = ("ContractViolation", "ManualClock", "check_backend")
 
 # Names this package had before the real-server tooling moved to pytest-asynclock.
 _MOVED = frozenset(
