@@ -158,18 +158,24 @@ async def test_short_chaos_run_elsewhere(request: pytest.FixtureRequest, backend
 
 
 @pytest.mark.explore
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(240)
 async def test_a_server_clock_beyond_the_drift_allowance_is_found(
     request: pytest.FixtureRequest,
 ) -> None:
     """A Redis server whose clock runs 5 % fast keeps a 1 s lease 0.952 s, which its
     holder believes 0.988 s: the run, without faults, reports beliefs past the server's
     expiry and nothing else: no late renewal or loss over the ceiling, and a hand-off
-    p99 under its bound, judged over enough hand-offs."""
-    report = await _run(request, "redis", SHORT, cut=6.0, faults=(), clock_rate=1.05)
-    shown = "\n".join([report.table(), *(f"problem: {p}" for p in report.problems)])
-    assert report.belief_violations > 0, shown
-    assert [p.split(":")[0] for p in report.problems] == ["belief-vs-server"], shown
+    p99 under its bound, judged over enough hand-offs (a loaded machine makes fewer in
+    6 s: the run is then repeated twice as long, up to 24 s)."""
+    cut = 6.0
+    while True:
+        report = await _run(request, "redis", SHORT, cut=cut, faults=(), clock_rate=1.05)
+        shown = "\n".join([report.table(), *(f"problem: {p}" for p in report.problems)])
+        assert report.belief_violations > 0, shown
+        assert [p.split(":")[0] for p in report.problems] == ["belief-vs-server"], shown
+        if report.handoffs >= _HANDOFF_MIN or cut >= 24.0:
+            break
+        cut *= 2
     assert report.handoffs >= _HANDOFF_MIN, shown
     assert report.handoff_p99 <= report.handoff_bound, shown
     assert report.clock_rates[0] > 1.04, shown
