@@ -103,9 +103,9 @@ class Election:
             owner=self.identity,
             lost_error=LeadershipLost,
         )
-        return Leadership(self, lock, self._announcer)
+        return Leadership(self, lock, self._publish)
 
-    async def _announcer(self, kind: str, fence: int) -> None:
+    async def _publish(self, kind: str, fence: int) -> None:
         """Say ``kind`` (``elected``, ``resigned``) for the term ``fence`` on the topic."""
         await self._engine.backend.publish(self._topic, f"{kind} {fence} {self.identity}")
 
@@ -232,17 +232,17 @@ class Leadership:
     reached while campaigning.
     """
 
-    __slots__ = ("_announcer", "_election", "_lock", "_terms")
+    __slots__ = ("_election", "_lock", "_publish", "_terms")
 
     def __init__(
         self,
         election: Election,
         lock: Lock,
-        announcer: Callable[[str, int], Awaitable[None]],
+        publish: Callable[[str, int], Awaitable[None]],
     ) -> None:
         self._election = election
         self._lock = lock  # the election's lock, held with the candidate's identity
-        self._announcer = announcer  # publishes "KIND FENCE IDENTITY" on its topic
+        self._publish = publish  # publishes "KIND FENCE IDENTITY" on its topic
         self._terms: dict[asyncio.Task[object] | None, Term] = {}
 
     async def __aenter__(self) -> Term:
@@ -286,7 +286,7 @@ class Leadership:
         task = asyncio.current_task()
         cancels = task.cancelling() if task is not None else 0
         try:
-            await self._announcer(kind, term.fence)
+            await self._publish(kind, term.fence)
         except BackendError as exc:
             if task is not None and task.cancelling() > cancels:
                 raise asyncio.CancelledError from exc
