@@ -1,17 +1,13 @@
-"""``connect()`` and :class:`Coordinator`: the entry point that builds locks and owns the
-watchdog, the background clean-ups and the backend."""
+"""``connect()`` and :class:`Coordinator`: the entry point that builds locks, elections
+and decorators, and owns the engine they run on (``asynclock._engine``: the backend, the
+watchdog, the background clean-ups)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import difflib
 import importlib.util
 import inspect
-import itertools
-import logging
-import weakref
-from collections.abc import Callable, Collection, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 from urllib.parse import urlsplit
@@ -19,19 +15,14 @@ from urllib.parse import urlsplit
 from . import _decorators
 from ._backoff import Backoff
 from ._election import Election, check_election, default_identity
-from ._errors import BackendError, CoordinatorClosed
+from ._engine import Engine
 from ._lock import Lease, Lock, ReadWriteLock
-from ._stats import CoordinatorStats, Recorder
-from ._tasks import TaskSet
+from ._stats import CoordinatorStats
 from ._validate import check_name, check_timeout, check_ttl
-from ._wakeup import Mailbox, WakeSlot
-from ._watchdog import Watchdog
-from .backends.base import Backend, Claim, LockInfo
+from .backends.base import Backend, LockInfo
 from .backends.memory import MemoryBackend
 
 __all__ = ("Coordinator", "connect")
-
-logger = logging.getLogger("asynclock")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -48,10 +39,6 @@ _SCHEMES = (
     "postgresql",
     "postgres",
 )
-# How long aclose() waits for releases and clean-ups still in flight.
-_CLOSE_TIMEOUT = 5.0
-# The least local validity a lease may have (see Coordinator._check_validity).
-_MIN_VALIDITY = 0.001
 
 
 class Coordinator:
@@ -76,33 +63,20 @@ class Coordinator:
         if identity is not None:
             check_name(identity, "identity")
         self._backend = backend
-        self.identity = identity or default_identity()
-        # The leases held now, by a key of their own, in grant order. Weak: a lease the
-        # application dropped without releasing it is collected, and its lock given back
-        # (Lease.__del__ and _release_dropped).
-        self._held: dict[int, weakref.ref[Lease]] = {}
-        self._keys = itertools.count()
-        self._tasks = TaskSet(f"coordinator {self.identity!r}")
-        # Wake-up slots of this coordinator's waiting acquires, and the mailboxes of its
-        # elections' observers: woken by aclose().
-        self._waiting: set[WakeSlot] = set()
-        self._observers: set[Mailbox] = set()
-        self._recorder = Recorder(type(backend).__name__, telemetry)
-        self._watchdog = Watchdog(backend, self._spawn, self._recorder)
-        self._closed = False
-        self._shut = asyncio.Event()  # set by aclose()
-        # The close on its way (see aclose): every aclose() call waits for this one.
-        self._closing: asyncio.Future[None] | None = None
-        # The event loop of the first use: asyncio objects (connections, pools, timers)
-        # belong to one loop, so a use from another one fails at once (_check_open).
-        self._loop: asyncio.AbstractEventLoop | None = None
-        # Acquires on their way: aclose() lets them give back what they were granted
-        # before it closes the backend.
-        self._in_flight = 0
-        self._drained: asyncio.Event | None = None
+        # What its locks, leases and elections run on (and share): see asynclock._engine.
+        self._engine: Engine[Lease] = Engine(backend, identity or default_identity(), telemetry)
         # The backend tells us when a hold certainly ended on the server (a PostgreSQL
         # session that died): that lease is lost now, not at its next renewal.
-        backend.on_hold_lost(self._hold_lost)
+        backend.on_hold_lost(self._engine.hold_lost)
+
+    @property
+    def identity(self) -> str:
+        """This coordinator's name in ``inspect()`` results, and its candidates' identity."""
+        return self._engine.identity
+
+    @identity.setter
+    def identity(self, identity: str) -> None:
+        self._engine.identity = identity
 
     @property
     def backend(self) -> Backend:
@@ -112,7 +86,7 @@ class Coordinator:
     @property
     def closed(self) -> bool:
         """True once :meth:`aclose` was called."""
-        return self._closed
+        return self._engine.closed
 
     def lock(
         self,
@@ -151,7 +125,7 @@ class Coordinator:
             raise ValueError("fair=True is for exclusive locks, not shared=True")
         if fair:
             self._require("supports_fair", "fair=True")
-        return Lock(self, name, **common, shared=shared, fair=fair)
+        return Lock(self._engine, name, **common, shared=shared, fair=fair)
 
     def semaphore(
         self,
@@ -178,7 +152,7 @@ class Coordinator:
             raise ValueError(f"limit must be from 1 to {_MAX_PERMITS}, got {limit}")
         common = self._check(name, ttl, timeout, retry, renew, cancel_on_lost)
         self._require("supports_semaphore", "semaphores")
-        return Lock(self, name, **common, shared=False, limit=limit)
+        return Lock(self._engine, name, **common, shared=False, limit=limit)
 
     def rwlock(
         self,
@@ -200,7 +174,8 @@ class Coordinator:
         """
         common = self._check(name, ttl, timeout, retry, renew, cancel_on_lost)
         self._require("supports_shared", "read-write locks")
-        read, write = (Lock(self, name, **common, shared=shared) for shared in (True, False))
+        engine = self._engine
+        read, write = (Lock(engine, name, **common, shared=shared) for shared in (True, False))
         return ReadWriteLock(name, read, write)
 
     def _check(
@@ -222,31 +197,12 @@ class Coordinator:
         elif not isinstance(retry, Backoff):
             raise TypeError(f"retry must be an asynclock.Backoff, got {type(retry).__name__}")
         return {
-            "ttl": self._check_validity(check_ttl(ttl)),
+            "ttl": self._engine.check_validity(check_ttl(ttl)),
             "timeout": check_timeout(timeout),
             "renew": flags[0],
             "cancel_on_lost": flags[1],
             "retry": retry,
         }
-
-    def _check_validity(self, ttl: float) -> float:
-        """``ttl`` if a lease of it keeps at least 1 ms of local validity on this backend,
-        else ValueError.
-
-        A lease is believed valid for ``ttl - drift(ttl)``: with (next to) nothing left,
-        every grant would come too late to hand over and be given back, and a waiting
-        acquire would retry forever (thousands of commands a second).
-        """
-        backend = self._backend
-        if ttl - backend.drift(ttl) < _MIN_VALIDITY:
-            least = (backend.drift_base + _MIN_VALIDITY) / (1 - backend.drift_factor)
-            raise ValueError(
-                f"ttl must be at least {least * 1000:.2f} ms on {backend.describe()}: a "
-                f"lease of {ttl!r} s keeps less than {_MIN_VALIDITY * 1000:g} ms of local "
-                f"validity after the drift allowance (ttl * {backend.drift_factor:g} + "
-                f"{backend.drift_base * 1000:g} ms)"
-            )
-        return ttl
 
     def _require(self, flag: str, what: str) -> None:
         if not getattr(self._backend, flag):
@@ -272,10 +228,12 @@ class Coordinator:
         """
         name, seconds, who = check_election(name, ttl, identity)
         who = self.identity if who is None else who
-        self._check_validity(seconds)
+        self._engine.check_validity(seconds)
         if retry is not None and not isinstance(retry, Backoff):
             raise TypeError(f"retry must be an asynclock.Backoff, got {type(retry).__name__}")
-        return Election(self, name, ttl=seconds, identity=who, retry=retry or _DEFAULT_RETRY)
+        return Election(
+            self._engine, name, ttl=seconds, identity=who, retry=retry or _DEFAULT_RETRY
+        )
 
     def singleton(
         self, template: str, *, ttl: float = 60.0
@@ -301,9 +259,7 @@ class Coordinator:
 
     async def inspect(self, name: str) -> LockInfo | None:
         """Who holds ``name`` now (owner identity, seconds left, fence), or None if free."""
-        self._backend.check_name(check_name(name))
-        self._check_open()
-        return await self._backend.inspect(name)
+        return await self._engine.inspect(name)
 
     async def is_locked(self, name: str) -> bool:
         """True if someone holds ``name`` now."""
@@ -311,12 +267,12 @@ class Coordinator:
 
     def stats(self) -> CoordinatorStats:
         """Counters since this coordinator began, gauges now, latency summaries."""
-        return self._recorder.snapshot(len(self._held))
+        return self._engine.recorder.snapshot(self._engine.count_held())
 
     @property
     def held(self) -> list[Lease]:
         """The leases this coordinator holds now."""
-        return [lease for ref in list(self._held.values()) if (lease := ref()) is not None]
+        return self._engine.held()
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -333,47 +289,10 @@ class Coordinator:
         answering). Raises ``RuntimeError`` when called from another event loop than the
         coordinator's.
         """
-        closing = self._closing
-        if closing is None:
-            self._check_loop()
-            self._closed = True
-            self._shut.set()
-            me = asyncio.current_task()
-            for lease in self.held:
-                if lease._in_body and lease._task is me:
-                    lease._end_by_own_close()  # its body is the caller: nothing to cancel
-                else:
-                    lease._lose("the coordinator was closed")
-            for slot in list(self._waiting):
-                slot._wake()  # waiting acquires see the coordinator closed and raise
-            for mailbox in list(self._observers):
-                mailbox.put("")  # observers look again, and see it closed
-            self._watchdog.close()
-            closing = self._closing = asyncio.ensure_future(self._close())
-            closing.add_done_callback(_retrieve)
-        # Shielded: a cancelled caller (or one whose own lease's loss cancels it) must not
-        # stop the close half-way with server connections still open.
-        await asyncio.shield(closing)
-
-    async def _close(self) -> None:
-        """The awaited part of :meth:`aclose`, run once as a task of its own. Acquires on
-        their way and background clean-ups share one bound of :data:`_CLOSE_TIMEOUT`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _CLOSE_TIMEOUT
-        if self._in_flight and not self._backend.native_wait:
-            # A request on its way may still be granted: the acquire then gives it back
-            # (a background task, awaited below) while the backend can still send. (A
-            # wait in the server's own queue ends with its session, which closing ends.)
-            self._drained = asyncio.Event()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(deadline):
-                    await self._drained.wait()
-        # From then on nothing is started in the background (see _spawn).
-        await self._tasks.close(max(deadline - loop.time(), 0.0))
-        await self._backend.aclose()
+        await self._engine.aclose()
 
     async def __aenter__(self) -> Self:
-        self._check_open()
+        self._engine.check_open()
         return self
 
     async def __aexit__(
@@ -385,194 +304,8 @@ class Coordinator:
         await self.aclose()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"held={len(self._held)}"
+        state = "closed" if self._engine.closed else f"held={self._engine.count_held()}"
         return f"<Coordinator {self._backend.describe()} identity={self.identity!r} {state}>"
-
-    # -- for Lock, Lease and Watchdog --------------------------------------------------
-
-    @contextlib.contextmanager
-    def _observing(self, mailbox: Mailbox) -> Iterator[None]:
-        """An election observer's mailbox, told to look again when the coordinator
-        closes (observe() then raises CoordinatorClosed instead of sleeping on)."""
-        self._observers.add(mailbox)
-        try:
-            yield
-        finally:
-            self._observers.discard(mailbox)
-
-    def _acquire_ended(self) -> None:
-        self._in_flight -= 1
-        if self._in_flight == 0 and self._drained is not None:
-            self._drained.set()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise CoordinatorClosed("this Coordinator is closed")
-        self._check_loop()
-
-    def _check_loop(self) -> None:
-        """Bind to the running event loop on first use; refuse any other loop after."""
-        loop = asyncio.get_running_loop()
-        if self._loop is None:
-            self._loop = loop
-        elif loop is not self._loop:
-            raise RuntimeError(
-                "this Coordinator was first used in another event loop: its connections "
-                "and tasks belong to that loop. Make a coordinator in the loop that uses "
-                "it (in the application's lifespan or startup hook, or a test fixture), "
-                "not at import time for several asyncio.run() calls"
-            )
-
-    def _hold(self, lease: Lease, start: float) -> None:
-        key = lease._key = next(self._keys)
-        self._held[key] = weakref.ref(lease)
-        self._watchdog.watch(lease, start)
-
-    def _hold_lost(self, claim: Claim) -> None:
-        """The backend knows ``claim``'s hold on the server ended: lose its lease (the
-        body is cancelled, as on any loss). Rare, so a scan of the held leases."""
-        for lease in self.held:
-            if lease._claim is claim:
-                lease._lose("the server ended the session that held the lock")
-                return
-
-    def _forget(self, lease: Lease) -> None:
-        self._held.pop(lease._key, None)
-        self._watchdog.forget(lease)
-
-    def _release_dropped(
-        self, key: int, claim: Claim, ttl: float, fence: int, watched: bool
-    ) -> None:
-        """A lease still held was garbage-collected (the application dropped it without
-        releasing it): count it released and give its lock back in the background. Called
-        soon after, in the coordinator's loop (the collection may run in any thread)."""
-        if self._held.pop(key, None) is None:
-            return
-        if watched:
-            self._watchdog.dropped()
-        self._recorder.released(claim.name, fence)
-        logger.warning(
-            "a lease on %r was dropped without release(): its lock is released now "
-            "(release it, or use 'async with')",
-            claim.name,
-        )
-        # Also while closing: aclose() waits for the give-back as for its own (one
-        # dropped just before aclose() is no longer among the leases it releases).
-        self._discard(claim, ttl)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
-        """Run a background task that aclose() waits for (bounded); none once aclose()
-        has closed them (an acquire that fails after that has nothing left to send on:
-        the backend is closing, and what it took ends by its TTL)."""
-        self._tasks.spawn_unless_closed(coro, name=name)
-
-    def _discard(
-        self,
-        claim: Claim,
-        ttl: float,
-        lease: Lease | None = None,
-        *,
-        in_flight: bool = False,
-        error: BaseException | None = None,
-    ) -> None:
-        """Delete ``claim``'s lock on the server in the background, if it still holds it.
-
-        Used after a cancelled or failed acquire (the grant may have landed), a failed or
-        cancelled release, and a loss. Retries with backoff until the server answers or
-        ``ttl`` has passed (by then the server dropped the lock itself). A ``lease``
-        still held when the server confirms is marked released.
-
-        ``in_flight``: the acquire request was interrupted on its way. It may have joined
-        a waiter queue (left here too), and on a backend whose requests can overtake each
-        other (:meth:`Backend.straggle` > 0: a reconnect, another pooled connection, a
-        proxy) it may still land after this release found nothing. Then the give-back
-        looks again at growing intervals (up to 1 s) for ``ttl`` plus that straggle
-        time: a late grant is given back within a second of landing. Not after a plain
-        cancel on a connection that keeps order (``error``; the pipelined Redis link).
-        """
-        backend = self._backend
-        ordered = isinstance(error, asyncio.CancelledError) and backend.ordered_after_cancel()
-        straggle = backend.straggle() if in_flight and not ordered else 0.0
-        self._spawn(
-            self._discard_task(claim, ttl, lease, in_flight=in_flight, straggle=straggle),
-            name=f"asynclock-discard:{claim.name}",
-        )
-
-    def _leave(self, claim: Claim) -> None:
-        """Leave the waiter queue ``claim`` joined, in the background (a waiter that
-        stopped before it could wait: its place would keep others out until it lapses).
-        Also while closing: aclose() waits for it (bounded) before closing the backend."""
-        self._spawn(self._leave_task(claim), name=f"asynclock-leave:{claim.name}")
-
-    async def _leave_task(self, claim: Claim) -> None:
-        try:
-            async with asyncio.timeout(_CLOSE_TIMEOUT):
-                await self._backend.leave(claim)
-        except (BackendError, TimeoutError) as exc:
-            logger.debug("leaving the queue of %r failed (%s); the place lapses", claim.name, exc)
-
-    async def _discard_task(
-        self,
-        claim: Claim,
-        ttl: float,
-        lease: Lease | None,
-        *,
-        in_flight: bool = False,
-        straggle: float = 0.0,
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        backend = self._backend
-        give_up = loop.time() + ttl
-        look_until = give_up + straggle if straggle > 0 else 0.0
-        per_try = min(max(ttl / 4, 0.1), 2.0)
-        backoff = Backoff(initial=0.05, maximum=1.0)
-        polls = Backoff(initial=0.05, maximum=min(1.0, max(ttl / 4, 0.05)), jitter=False)
-        attempt = looks = 0
-        while True:
-            # While closing, a try may take what aclose() grants its background work: a
-            # slow link must not turn a give-back into a lock or a queue place left on
-            # the server (aclose() cancels what is still running after that).
-            closing = self._closed
-            try:
-                async with asyncio.timeout(_CLOSE_TIMEOUT if closing else per_try):
-                    if in_flight:
-                        # The attempt may also have joined the waiter queue: leave it in
-                        # the same round trip (after the release, on a pipelined link).
-                        released, _ = await asyncio.gather(
-                            backend.release(claim), backend.leave(claim)
-                        )
-                    else:
-                        released = await backend.release(claim)
-            except (BackendError, TimeoutError) as exc:
-                delay = backoff.delay(attempt)
-                attempt += 1
-                if self._closed and not closing:
-                    continue  # closing began during this try: one more, with its bound
-                if closing or loop.time() + delay >= max(give_up, look_until):
-                    # Closing: one failed try is enough, the TTL ends what is left.
-                    logger.info(
-                        "could not release %r on the server (%s); its TTL ends it", claim.name, exc
-                    )
-                    return
-                await asyncio.sleep(delay)
-                continue
-            if released or self._closed or loop.time() >= look_until:
-                if lease is not None:
-                    lease._end_after_discard(released)
-                return
-            # Nothing there yet: the interrupted acquire may still land. Look again soon
-            # (at once when the coordinator closes).
-            delay = polls.delay(looks)
-            looks += 1
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(delay, look_until - loop.time())):
-                    await self._shut.wait()
-
-
-def _retrieve(closing: asyncio.Future[None]) -> None:
-    """Mark a close's error as seen: every caller of aclose() may have been cancelled."""
-    if not closing.cancelled():
-        closing.exception()
 
 
 def _scheme(url: str) -> str:

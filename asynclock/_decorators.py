@@ -17,15 +17,12 @@ import logging
 import re
 import string
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from ._errors import BackendError, LockTimeout
+from ._lock import Lock
 
-if TYPE_CHECKING:
-    from ._coordinator import Coordinator
-    from ._lock import Lock
-
-__all__ = ("leave", "locked", "singleton", "template_fields")
+__all__ = ("LockMaker", "leave", "locked", "singleton", "template_fields")
 
 logger = logging.getLogger("asynclock")
 
@@ -34,6 +31,14 @@ R = TypeVar("R")
 
 
 Namer = Callable[[tuple[Any, ...], dict[str, Any]], str]
+
+
+class LockMaker(Protocol):
+    """What the decorators make their locks with (a :class:`~asynclock.Coordinator`)."""
+
+    def lock(self, name: str, *, ttl: float = ..., timeout: float | None = ...) -> Lock:
+        """A lock on ``name`` (see :meth:`Coordinator.lock <asynclock.Coordinator.lock>`)."""
+        ...
 
 
 def template_fields(template: object, *, what: str = "parameters") -> frozenset[str]:
@@ -85,7 +90,7 @@ def _namer(template: str, fn: Callable[..., Any]) -> Namer:
 
 
 def singleton(
-    coord: Coordinator, template: str, *, ttl: float = 60.0
+    coord: LockMaker, template: str, *, ttl: float = 60.0
 ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R | None]]]:
     """Run the function only if nobody else is running it for the same name; otherwise
     skip the call and return None. See :meth:`Coordinator.singleton`."""
@@ -111,7 +116,7 @@ def singleton(
 
 
 def locked(
-    coord: Coordinator, template: str, *, ttl: float = 30.0, timeout: float | None = None
+    coord: LockMaker, template: str, *, ttl: float = 30.0, timeout: float | None = None
 ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R]]]:
     """Wait for the lock named from the call's arguments, then run the function. See
     :meth:`Coordinator.locked`."""

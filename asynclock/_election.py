@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ._backoff import Backoff
 from ._clock import Clock
+from ._engine import Engine
 from ._errors import BackendError, CoordinatorClosed, LeadershipLost, LockError, LockLost
 from ._lock import Lease, Lock
 from ._validate import MAX_NAME_BYTES, check_name, check_ttl
 
 if TYPE_CHECKING:
-    from ._coordinator import Coordinator
     from .backends.base import LockInfo
 
 __all__ = ("Election", "Leadership", "Term")
@@ -75,9 +75,9 @@ class Election:
     """
 
     def __init__(
-        self, coord: Coordinator, name: str, *, ttl: float, identity: str, retry: Backoff
+        self, engine: Engine[Lease], name: str, *, ttl: float, identity: str, retry: Backoff
     ) -> None:
-        self._coord = coord
+        self._engine = engine
         self.name = name
         self.ttl = ttl
         self.identity = identity
@@ -91,7 +91,23 @@ class Election:
         The body is cancelled if leadership is lost, and the block then raises
         :class:`LeadershipLost`. Leaving the block resigns.
         """
-        return Leadership(self)
+        lock = Lock(
+            self._engine,
+            self._lock_name,
+            ttl=self.ttl,
+            timeout=None,
+            renew=True,
+            cancel_on_lost=True,
+            retry=self.retry,
+            shared=False,
+            owner=self.identity,
+            lost_error=LeadershipLost,
+        )
+        return Leadership(self, lock, self._publish)
+
+    async def _publish(self, kind: str, fence: int) -> None:
+        """Say ``kind`` (``elected``, ``resigned``) for the term ``fence`` on the topic."""
+        await self._engine.backend.publish(self._topic, f"{kind} {fence} {self.identity}")
 
     async def leader(self) -> str | None:
         """The identity of the current leader, or None (also while the election's lock is
@@ -102,7 +118,7 @@ class Election:
     async def _holder(self) -> LockInfo | None:
         """The election lock's holder if it is a candidate: every asynclock lease has an
         expiry, so a holder without one (``expires_in`` inf) is someone else's lock."""
-        info = await self._coord.inspect(self._lock_name)
+        info = await self._engine.inspect(self._lock_name)
         return info if info is not None and math.isfinite(info.expires_in) else None
 
     async def observe(self) -> AsyncIterator[str | None]:
@@ -114,11 +130,10 @@ class Election:
         leader it finds then. Only the first look raises :class:`BackendError` (nothing
         to observe from yet).
         """
-        coord = self._coord
-        backend = coord.backend
-        clock = backend.clock
-        async with backend.listen(self._topic) as mailbox:
-            with coord._observing(mailbox):
+        engine = self._engine
+        clock = engine.clock
+        async with engine.backend.listen(self._topic) as mailbox:
+            with engine.observing(mailbox):
                 # Listening first, reading second: a change between the two is not missed.
                 info = await self._holder()
                 leader = None if info is None else info.owner
@@ -177,7 +192,7 @@ class Election:
                 logger.warning(
                     "observing election %r: %s; looking again in %.2fs", self.name, exc, delay
                 )
-                await sleep_on(self._coord.backend.clock, delay)
+                await sleep_on(self._engine.clock, delay)
 
     async def run(self, callback: Callable[[Term], Awaitable[object]]) -> NoReturn:
         """Campaign forever: lead, call ``callback(term)`` while leading, campaign again.
@@ -201,7 +216,8 @@ class Election:
         one argument.
         """
         check_callback(callback)
-        await campaign(self, callback, pauses=self.retry, restart_bugs=False)
+        clock = self._engine.clock
+        await campaign(self, callback, clock=clock, pauses=self.retry, restart_bugs=False)
 
     def __repr__(self) -> str:
         return f"<Election {self.name!r} identity={self.identity!r} ttl={self.ttl:g}>"
@@ -216,22 +232,17 @@ class Leadership:
     reached while campaigning.
     """
 
-    __slots__ = ("_election", "_lock", "_terms")
+    __slots__ = ("_election", "_lock", "_publish", "_terms")
 
-    def __init__(self, election: Election) -> None:
+    def __init__(
+        self,
+        election: Election,
+        lock: Lock,
+        publish: Callable[[str, int], Awaitable[None]],
+    ) -> None:
         self._election = election
-        self._lock = Lock(
-            election._coord,
-            election._lock_name,
-            ttl=election.ttl,
-            timeout=None,
-            renew=True,
-            cancel_on_lost=True,
-            retry=election.retry,
-            shared=False,
-            owner=election.identity,
-            lost_error=LeadershipLost,
-        )
+        self._lock = lock  # the election's lock, held with the candidate's identity
+        self._publish = publish  # publishes "KIND FENCE IDENTITY" on its topic
         self._terms: dict[asyncio.Task[object] | None, Term] = {}
 
     async def __aenter__(self) -> Term:
@@ -272,13 +283,10 @@ class Leadership:
     async def _announce(self, kind: str, term: Term) -> None:
         """Best effort: observers also look again on their own. A cancel that arrived
         while the server failed is raised as the cancel, never swallowed with the error."""
-        election = self._election
         task = asyncio.current_task()
         cancels = task.cancelling() if task is not None else 0
         try:
-            await election._coord.backend.publish(
-                election._topic, f"{kind} {term.fence} {election.identity}"
-            )
+            await self._publish(kind, term.fence)
         except BackendError as exc:
             if task is not None and task.cancelling() > cancels:
                 raise asyncio.CancelledError from exc
@@ -313,20 +321,20 @@ async def campaign(
     election: Election,
     callback: Callable[[Term], Awaitable[object]],
     *,
+    clock: Clock,
     pauses: Backoff,
     restart_bugs: bool,
     watch: CampaignWatch | None = None,
 ) -> NoReturn:
     """The campaign loop behind :meth:`Election.run` and the integrations' leader tasks.
 
-    Between terms it pauses for ``pauses.delay(n)`` on the backend's clock, ``n``
+    Between terms it pauses for ``pauses.delay(n)`` on ``clock`` (the backend's), ``n``
     counting the short terms (under a ``ttl``) and failed attempts in a row. Lost
     leadership and backend errors are always retried; any other ``Exception`` from the
     callback is retried when ``restart_bugs``, else raised (after the term resigned).
     :class:`CoordinatorClosed` and cancellation always end the loop.
     """
     watch = watch or _Silent()
-    clock = election._coord.backend.clock
     short = 0
     while True:
         watch.campaigning()

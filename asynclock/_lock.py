@@ -17,9 +17,9 @@ import warnings
 import weakref
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from ._backoff import Backoff
+from ._engine import Engine
 from ._errors import (
     BackendError,
     CoordinatorClosed,
@@ -30,10 +30,8 @@ from ._errors import (
 )
 from ._validate import check_ttl
 from ._wakeup import WakeSlot
+from ._watchdog import Watch
 from .backends.base import Attempt, Claim
-
-if TYPE_CHECKING:
-    from ._coordinator import Coordinator
 
 __all__ = ("Lease", "Lock")
 
@@ -100,30 +98,28 @@ class Lease:
         "_cancel_on_lost",
         "_cancels",
         "_claim",
-        "_coord",
+        "_engine",
         "_entry_cancelling",
-        "_failures",
         "_in_body",
         "_interval",
-        "_key",
         "_quiet",
         "_reason",
         "_releasing",
         "_renew",
         "_renewing",
         "_retry",
-        "_seq",
         "_state",
         "_task",
         "_ttl_floor",
         "_valid_until",
+        "_watch",
         "fence",
         "ttl",
     )
 
     def __init__(
         self,
-        coord: Coordinator,
+        engine: Engine[Lease],
         claim: Claim,
         fence: int,
         ttl: float,
@@ -133,11 +129,11 @@ class Lease:
         cancel_on_lost: bool,
         retry: Backoff,
     ) -> None:
-        self._coord = coord
+        self._engine = engine
         self._claim = claim
         self.fence = fence
         self.ttl = ttl
-        self._valid_until = start + ttl - coord.backend.drift(ttl)
+        self._valid_until = start + ttl - engine.backend.drift(ttl)
         self._interval = ttl / 3
         self._renew = renew
         self._cancel_on_lost = cancel_on_lost
@@ -150,16 +146,15 @@ class Lease:
         self._entry_cancelling = 0
         self._in_body = False
         self._cancels = 0  # cancels sent to that task because the lease was lost
-        # Watchdog bookkeeping (asynclock._watchdog).
-        self._seq = -1
-        self._key = -1  # the coordinator's key for it while held (Coordinator._hold)
         # True while an extend request (the watchdog's renewal or extend()) is in flight:
         # one at a time, so that the last reply is from the request the server ran last.
         self._renewing = False
         self._quiet: asyncio.Event | None = None  # set when none is; made on first need
-        # The smallest TTL of an extend request whose outcome is unknown (see _assume).
+        # The smallest TTL of an extend request whose outcome is unknown (see unconfirmed).
         self._ttl_floor = math.inf
-        self._failures = 0
+        # Held from here: the engine's key for it, which is also its watchdog entry.
+        self._watch: Watch | None = None
+        self._watch = engine.hold(self, claim, start)
 
     @property
     def name(self) -> str:
@@ -176,7 +171,7 @@ class Lease:
         """Seconds of local validity left (0 once lost or released)."""
         if self._state is not _HELD:
             return 0.0
-        return max(0.0, self._valid_until - self._coord.backend.clock.now())
+        return max(0.0, self._valid_until - self._engine.clock.now())
 
     @property
     def lost(self) -> bool:
@@ -203,8 +198,9 @@ class Lease:
         unless the backend had to end the session that held it: PostgreSQL does when the
         request goes unanswered, and the lease is then lost).
         """
-        new_ttl = self.ttl if ttl is None else self._coord._check_validity(check_ttl(ttl))
-        self._coord._check_loop()
+        engine = self._engine
+        new_ttl = self.ttl if ttl is None else engine.check_validity(check_ttl(ttl))
+        engine.check_loop()
         while True:  # checked again after waiting: the lease may have ended meanwhile
             if self._state is not _HELD:
                 raise LockNotOwned(
@@ -219,30 +215,28 @@ class Lease:
             if self._quiet is None:
                 self._quiet = asyncio.Event()
             await self._quiet.wait()
-        backend = self._coord.backend
-        start = backend.clock.now()
+        backend = engine.backend
+        watchdog = engine.watchdog
+        start = engine.clock.now()
         shorter = start + new_ttl - backend.drift(new_ttl)
         if shorter < self._valid_until:
             # A shorter TTL: the server may apply it long before its reply comes back, and
             # from then on keeps the lock only that long. Believe it from now on.
             self._valid_until = shorter
-            self._coord._watchdog.expire_at(self, shorter)
+            watchdog.expire_at(self._held_watch(), shorter)
         extended: bool | None = None
-        self._begin_request()
+        self.begin_request()
         try:
             extended = await backend.extend(self._claim, new_ttl)
         except LockError as exc:
             _name(exc, self.name)
             raise
         finally:
-            self._end_request()
+            self.end_request()
             if extended is None and self._state is _HELD and not self._releasing:
                 # Failed or cancelled after the request may have left: it may have run.
-                self._assume(start, new_ttl)
-                delay = self._retry.delay(self._failures)
-                self._coord._watchdog.reschedule(
-                    self, min(backend.clock.now() + delay, self._valid_until)
-                )
+                self.unconfirmed(start, new_ttl)
+                watchdog.retry(self._held_watch())
         if self._state is not _HELD:
             raise LockNotOwned(
                 f"lease on {self.name!r} was {self._state.value} while extending", name=self.name
@@ -254,13 +248,13 @@ class Lease:
                 f"lease on {self.name!r} has a release pending; not extended", name=self.name
             )
         if not extended:
-            self._lose("extend refused: the lock expired or has another holder")
+            self.mark_lost("extend refused: the lock expired or has another holder")
             raise LockNotOwned(
                 f"lease on {self.name!r} is no longer held; not extended", name=self.name
             )
         self.ttl = new_ttl
-        self._confirmed(start, new_ttl)
-        self._coord._watchdog.reschedule(self, start + self._interval)
+        self.confirmed(start, new_ttl)
+        watchdog.reschedule(self._held_watch(), start + self._interval)
 
     async def owned(self) -> bool:
         """Ask the server whether it still holds the lock for this lease.
@@ -275,28 +269,65 @@ class Lease:
         ``NotImplementedError`` for a shared lease or a semaphore permit on a backend that
         cannot tell one holder of a shared name from another (only memory can).
         """
-        self._coord._check_loop()
+        self._engine.check_loop()
         if self._state is not _HELD or self._releasing:
             return False
         try:
-            return await self._coord.backend.owns(self._claim, self.fence)
+            return await self._engine.backend.owns(self._claim, self.fence)
         except LockError as exc:
             _name(exc, self.name)
             raise
 
-    def _begin_request(self) -> None:
-        """An extend request of this lease leaves (see :attr:`_renewing`)."""
+    # -- the renewal protocol (asynclock._watchdog.Renewable), for the engine ----------
+
+    @property
+    def valid_until(self) -> float:
+        """When the local validity ends, on the backend's clock (engine-internal: the
+        watchdog's deadline for it)."""
+        return self._valid_until
+
+    @property
+    def renew_interval(self) -> float:
+        """Seconds from a confirmed request to the next renewal (engine-internal)."""
+        return self._interval
+
+    @property
+    def renews(self) -> bool:
+        """True if the watchdog renews the lease (engine-internal: False with
+        ``renew=False``, and once a release is pending)."""
+        return self._renew
+
+    @property
+    def renewing(self) -> bool:
+        """True while an extend request of the lease (a renewal or :meth:`extend`) is in
+        flight (engine-internal)."""
+        return self._renewing
+
+    @property
+    def releasing(self) -> bool:
+        """True while a release that failed or was cancelled goes on in the background
+        (engine-internal)."""
+        return self._releasing
+
+    def retry_delay(self, failures: int) -> float:
+        """Seconds before the next renewal after ``failures`` failed ones in a row, from
+        the lease's backoff (engine-internal)."""
+        return self._retry.delay(failures)
+
+    def begin_request(self) -> None:
+        """An extend request of this lease leaves (see :attr:`renewing`; engine-internal)."""
         self._renewing = True
         if self._quiet is not None:
             self._quiet.clear()
 
-    def _end_request(self) -> None:
-        """The extend request in flight has answered, failed or been abandoned."""
+    def end_request(self) -> None:
+        """The extend request in flight has answered, failed or been abandoned
+        (engine-internal)."""
         self._renewing = False
         if self._quiet is not None:
             self._quiet.set()
 
-    def _assume(self, start: float, ttl: float) -> None:
+    def unconfirmed(self, start: float, ttl: float) -> None:
         """A request for ``ttl`` sent at ``start`` may have run on the server, unconfirmed:
         never believe the lease lasts longer than that request would have left it.
 
@@ -304,19 +335,26 @@ class Lease:
         next one was confirmed (sent on a connection that then broke, held by a proxy),
         and the server then keeps at least ``ttl`` from after the confirmed request ran.
         So from now on a confirmed request counts for at most this ``ttl``
-        (:meth:`_confirmed`): a lost shorter ``extend()`` makes the lease behave as if
-        that shorter TTL had been set, renewed as often as it needs.
+        (:meth:`confirmed`): a lost shorter ``extend()`` makes the lease behave as if
+        that shorter TTL had been set, renewed as often as it needs (engine-internal).
         """
-        drift = self._coord.backend.drift(ttl)
+        drift = self._engine.backend.drift(ttl)
         self._valid_until = min(self._valid_until, start + ttl - drift)
         self._ttl_floor = min(self._ttl_floor, ttl)
 
-    def _confirmed(self, start: float, ttl: float) -> None:
+    def confirmed(self, start: float, ttl: float) -> None:
         """The server confirmed a request for ``ttl`` sent at ``start`` (the last to run
-        of those this lease has confirmed, as one is in flight at a time)."""
+        of those this lease has confirmed, as one is in flight at a time;
+        engine-internal)."""
         effective = min(ttl, self._ttl_floor, self._claim.floor)
-        self._valid_until = start + effective - self._coord.backend.drift(effective)
+        self._valid_until = start + effective - self._engine.backend.drift(effective)
         self._interval = effective / 3
+
+    def _held_watch(self) -> Watch:
+        """The lease's watchdog entry (every lease has one once made)."""
+        watch = self._watch
+        assert watch is not None  # set at the end of __init__
+        return watch
 
     async def release(self) -> None:
         """Release the lock: delete it on the server if this lease still holds it.
@@ -332,7 +370,7 @@ class Lease:
         the answer), and raises :class:`LockNotOwned` only if the server says the lock
         was not this lease's (it had expired, or has another holder).
         """
-        self._coord._check_loop()
+        self._engine.check_loop()
         if self._state is not _HELD:
             if self._releasing and self._state is _RELEASED:
                 # The interrupted release was confirmed in the background: this call is
@@ -342,15 +380,16 @@ class Lease:
             raise LockNotOwned(
                 f"lease on {self.name!r} is {self._state.value}; not released", name=self.name
             )
-        if not await self._release():
+        if not await self.try_release():
             raise LockNotOwned(
                 f"lease on {self.name!r} was no longer held at release", name=self.name
             )
         self._releasing = False
 
-    async def _release(self) -> bool:
-        """Release on the server; True if it confirmed, False if the lock was not ours."""
-        tracer = self._coord._recorder.tracer
+    async def try_release(self) -> bool:
+        """Release on the server; True if it confirmed, False if the lock was not ours
+        (engine-internal: :meth:`release` and leaving ``async with``)."""
+        tracer = self._engine.recorder.tracer
         if tracer is None:
             return await self._release_once()
         with tracer.start_as_current_span(
@@ -360,14 +399,14 @@ class Lease:
             return await self._release_once()
 
     async def _release_once(self) -> bool:
-        coord = self._coord
-        sent = coord.backend.clock.now()
+        engine = self._engine
+        sent = engine.clock.now()
         try:
-            released = await coord.backend.release(self._claim)
+            released = await engine.backend.release(self._claim)
         except BaseException as error:
             _name(error, self.name)
             if isinstance(error, Exception):
-                coord._recorder.release_failed()
+                engine.recorder.release_failed()
             # Unconfirmed: keep the token and the HELD state ("release pending"), stop
             # renewing, and let the background clean-up finish the job (it marks the
             # lease released). The release may have run already: like an extend to 0 of
@@ -378,10 +417,10 @@ class Lease:
                 deadline = self._valid_until
                 self._releasing = True
                 self._renew = False
-                self._assume(sent, 0.0)
+                self.unconfirmed(sent, 0.0)
                 # Lost at its old deadline if the clean-up never hears back.
-                coord._watchdog.expire_at(self, deadline)
-            coord._discard(self._claim, self.ttl, self)
+                engine.watchdog.expire_at(self._held_watch(), deadline)
+            engine.release_in_background(self._claim, self.ttl, self)
             raise
         if released:
             self._end(_RELEASED)
@@ -397,12 +436,12 @@ class Lease:
             return False
         self._state = state
         self._reason = reason
-        coord = self._coord
-        coord._forget(self)
+        engine = self._engine
+        engine.forget(self._held_watch())
         if state is _RELEASED:
-            coord._recorder.released(self.name, self.fence)
+            engine.recorder.released(self.name, self.fence)
         else:
-            coord._recorder.lost(self.name, self.fence, reason)
+            engine.recorder.lost(self.name, self.fence, reason)
         return True
 
     def _released_after_loss(self) -> None:
@@ -414,17 +453,19 @@ class Lease:
         when a cancel was sent to the body for the loss: that cancel must be answered."""
         self._state = _RELEASED
         self._reason = ""
-        self._coord._recorder.released_after_loss(self.name, self.fence)
+        self._engine.recorder.released_after_loss(self.name, self.fence)
 
-    def _end_after_discard(self, released: bool) -> None:
-        """The background release of a lease whose own release failed has finished."""
+    def end_after_background_release(self, released: bool) -> None:
+        """The background release of a lease whose own release failed has finished
+        (engine-internal)."""
         if released:
             self._end(_RELEASED)
         else:
             self._end(_LOST, "the lock was no longer held when its release was retried")
 
-    def _lose(self, reason: str) -> None:
-        """Mark the lease lost: stop renewing, cancel the body, clean up on the server."""
+    def mark_lost(self, reason: str) -> None:
+        """Mark the lease lost: stop renewing, cancel the body, clean up on the server
+        (engine-internal: the watchdog, the coordinator's close, a refused extend)."""
         if not self._end(_LOST, reason):
             return
         task = self._task
@@ -432,7 +473,7 @@ class Lease:
             loop = asyncio.get_running_loop()
             self._cancel_body(task, loop.time() + _REDELIVER_EAGER, _REDELIVER_FIRST)
         # Whatever the server still has of ours goes now, not when its TTL runs out.
-        self._coord._discard(self._claim, self.ttl)
+        self._engine.release_in_background(self._claim, self.ttl)
 
     def _cancel_body(self, task: asyncio.Task[object], eager_until: float, delay: float) -> None:
         """Cancel the body, and again while it has not left the block.
@@ -461,33 +502,140 @@ class Lease:
                 delay, self._cancel_body, task, eager_until, min(delay * 2, _REDELIVER_MAX)
             )
 
-    def _end_by_own_close(self) -> None:
+    def end_by_own_close(self) -> None:
         """The coordinator is closed from inside this lease's own body: the lease ends
         released (its body is the caller: there is nothing to cancel, and no loss to
-        report), and its lock is given back with the rest of the close."""
+        report), and its lock is given back with the rest of the close (engine-internal)."""
         if self._end(_RELEASED):
-            self._coord._discard(self._claim, self.ttl)
+            self._engine.release_in_background(self._claim, self.ttl)
+
+    # -- ``async with``, for Lock ------------------------------------------------------
+
+    def enter_body(self, task: asyncio.Task[object] | None) -> None:
+        """``task`` enters the ``async with`` body of this lease: it is the task to cancel
+        on loss, from its cancel count now (engine-internal)."""
+        self._task = task
+        self._entry_cancelling = task.cancelling() if task is not None else 0
+        self._in_body = True
+
+    def leave_body(self) -> None:
+        """The body of ``async with`` has ended: no more cancels for a loss
+        (engine-internal)."""
+        self._in_body = False
+
+    def in_body_of(self, task: asyncio.Task[object] | None) -> bool:
+        """True while ``task`` runs this lease's ``async with`` body (engine-internal)."""
+        return self._in_body and self._task is task
+
+    def would_block(self, engine: Engine[Lease], name: str) -> bool:
+        """True if an acquire of ``name`` on ``engine`` would wait for this lease: it is
+        held there, and not as a semaphore permit (engine-internal)."""
+        claim = self._claim
+        return (
+            self._engine is engine
+            and claim.name == name
+            and self._state is _HELD
+            and not claim.limit
+        )
+
+    async def end_block(
+        self,
+        task: asyncio.Task[object] | None,
+        exc: BaseException | None,
+        lost_error: type[LockLost],
+    ) -> None:
+        """Leave ``async with`` after its body ended with ``exc`` (None: it returned):
+        release the lease, then report a loss as ``lost_error`` (engine-internal).
+
+        Raises ``lost_error`` for a lost lease unless an outside cancel must win, and a
+        release's error unless a cancel is in flight (then the release goes on in the
+        background).
+        """
+        if self._state is _HELD and not self._releasing and self.expires_in <= 0:
+            # The body outlived its validity (it blocked the loop, or the watchdog's timer
+            # has not run yet): it may have run unprotected, whatever the release says.
+            self.mark_lost("its local validity ran out before its block ended")
+        if self._state is _HELD:
+            try:
+                released = await self.try_release()
+            except Exception as error:
+                if not isinstance(exc, asyncio.CancelledError):
+                    raise
+                # A cancel is in flight: it must end the task, not an error of the clean-up
+                # (a caller retrying on BackendError would run on after task.cancel()). The
+                # release goes on in the background until the server confirms or the TTL ends.
+                logger.warning(
+                    "release of %r (fence %d) failed while its task was being cancelled; "
+                    "finishing it in the background: %s",
+                    self.name,
+                    self.fence,
+                    error,
+                )
+                return
+            if released and self._state is _LOST and not self._cancels:
+                self._released_after_loss()
+        if self._state is _LOST:
+            await self._deliver_loss(task, exc, lost_error)  # raises, unless an outside cancel
+
+    async def _deliver_loss(
+        self,
+        task: asyncio.Task[object] | None,
+        exc: BaseException | None,
+        lost_error: type[LockLost],
+    ) -> None:
+        """Raise ``lost_error`` (a :class:`LockLost`) for this lost lease, unless an outside
+        cancel must win.
+
+        The ``asyncio.timeout`` pattern: our cancel is ours only if ``uncancel()`` brings
+        the task back to the count it had on entry.
+        """
+        error = lost_error(
+            f"lease on {self.name!r} (fence {self.fence}) lost: {self._reason}", name=self.name
+        )
+        cancelled = isinstance(exc, asyncio.CancelledError)
+        if not self._cancels or task is None:
+            if cancelled:
+                return  # an outside cancel: let it propagate
+            raise error from exc
+        for _ in range(self._cancels - 1):
+            task.uncancel()
+        if task.uncancel() > self._entry_cancelling:
+            if cancelled:
+                return  # cancelled from outside as well: the outside cancel wins
+            raise error from exc
+        if not cancelled:
+            # Our cancel did not surface as the body's exception: the body swallowed it, or
+            # it is still pending (the loss was noticed inside this task). On 3.11/3.12
+            # uncancel() leaves a pending cancel in place; let it fire here, not in the
+            # caller's next await.
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError as pending:
+                if task.cancelling() > self._entry_cancelling:
+                    raise  # a new cancel from outside arrived meanwhile
+                exc = exc or pending
+        raise error from exc
 
     def __del__(self) -> None:
         # Dropped while held, without release(): nothing references the lease but the
-        # coordinator's weak references, so nothing can release it any more. Give its
-        # lock back (in the coordinator's loop: this may run in any thread, during a
-        # garbage collection) and warn, as asyncio does for a transport never closed.
-        if self._state is not _HELD or self._releasing or self._key < 0:
+        # engine's weak references, so nothing can release it any more. Give its lock
+        # back (in the coordinator's loop: this may run in any thread, during a garbage
+        # collection) and warn, as asyncio does for a transport never closed.
+        watch = self._watch
+        if self._state is not _HELD or self._releasing or watch is None:
             return
         # Ended here, first: whatever keeps the object alive after this (a recorded
         # warning does: its source is this lease) sees a released lease, never one still
         # valid or renewed by the watchdog (whose weak references outlive __del__ when
         # the count of references dropped to zero).
-        watched = self._seq >= 0
+        engine = self._engine
         self._state = _RELEASED
-        self._seq = -1
-        coord = self._coord
-        loop = coord._loop
+        watched = engine.watchdog.unwatch(watch)
+        loop = engine.loop
         try:
             if loop is not None and not loop.is_closed():
                 loop.call_soon_threadsafe(
-                    coord._release_dropped, self._key, self._claim, self.ttl, self.fence, watched
+                    engine.release_dropped, watch, self._claim, self.ttl, self.fence, watched
                 )
         except RuntimeError:  # the loop closed meanwhile: the server's TTL ends the lock
             pass
@@ -517,7 +665,7 @@ class Lock:
     """
 
     __slots__ = (
-        "_coord",
+        "_engine",
         "_leases",
         "_lost_error",
         "_owner",
@@ -534,7 +682,7 @@ class Lock:
 
     def __init__(
         self,
-        coord: Coordinator,
+        engine: Engine[Lease],
         name: str,
         *,
         ttl: float,
@@ -548,7 +696,7 @@ class Lock:
         limit: int = 0,
         fair: bool = False,
     ) -> None:
-        self._coord = coord
+        self._engine = engine
         self.name = name
         # Who holds it, as inspect() shows (default: the coordinator's identity), and
         # what leaving a lost lease raises (elections raise LeadershipLost).
@@ -574,17 +722,17 @@ class Lock:
         If the caller is cancelled, whatever the server may already have granted is
         released in the background.
         """
-        coord = self._coord
-        coord._check_open()
+        engine = self._engine
+        engine.check_open()
         self._check_reentry()
-        tracer = coord._recorder.tracer
+        tracer = engine.recorder.tracer
         if tracer is None:
             return await self._acquire()
         with tracer.start_as_current_span(
             "asynclock.acquire",
             attributes={
                 "asynclock.lock.name": self.name,
-                "asynclock.backend": coord._recorder.backend,
+                "asynclock.backend": engine.recorder.backend,
             },
         ) as span:
             lease = await self._acquire()
@@ -602,14 +750,7 @@ class Lock:
         if not leases:
             return
         for lease in leases:
-            claim = lease._claim
-            if (
-                lease._coord is self._coord
-                and claim.name == self.name
-                and lease._state is _HELD
-                and not claim.limit
-                and not self.limit
-            ):
+            if lease.would_block(self._engine, self.name) and not self.limit:
                 raise RuntimeError(
                     f"lock {self.name!r} is already held by this task (fence {lease.fence}, "
                     "in `async with`): locks are not reentrant, and taking it again would "
@@ -617,12 +758,12 @@ class Lock:
                 )
 
     async def _acquire(self) -> Lease:
-        coord = self._coord
-        recorder = coord._recorder
+        engine = self._engine
+        recorder = engine.recorder
         claim = Claim(
             self.name,
             secrets.token_hex(16),
-            self._owner or coord.identity,
+            self._owner or engine.identity,
             self.shared,
             recheck=self.retry.maximum,
             limit=self.limit,
@@ -630,7 +771,7 @@ class Lock:
         )
         began = time.perf_counter()
         recorder.started()
-        coord._in_flight += 1  # aclose() waits for these before closing the backend
+        engine.acquire_started()  # aclose() waits for these before closing the backend
         try:
             return await self._take(claim, began)
         except BaseException as exc:
@@ -638,11 +779,11 @@ class Lock:
             recorder.failed(self.name, exc)
             raise
         finally:
-            coord._acquire_ended()
+            engine.acquire_ended()
 
     async def _take(self, claim: Claim, began: float) -> Lease:
         """Grants until one still has validity to hand over (or LockTimeout)."""
-        clock = self._coord.backend.clock
+        clock = self._engine.clock
         deadline = None if self.timeout is None else clock.now() + self.timeout
         while True:
             attempt, start = await self._grant(claim, deadline)
@@ -653,7 +794,7 @@ class Lock:
                 # between the grant and here, when no lease could hear of it: nothing is
                 # held any more. A backend error, as a connection lost while acquiring is.
                 raise BackendError(
-                    f"{self._coord.backend.describe()}: the server ended the session that "
+                    f"{self._engine.backend.describe()}: the server ended the session that "
                     f"was granted {self.name!r} before the lease was made"
                 )
             left = self._left(start)
@@ -670,16 +811,17 @@ class Lock:
 
     def _lease(self, claim: Claim, attempt: Attempt, start: float, began: float) -> Lease:
         """The lease for a grant (no await between the grant and the caller holding it)."""
-        coord = self._coord
-        recorder = coord._recorder
+        engine = self._engine
+        recorder = engine.recorder
         assert attempt.fence is not None
-        if coord.closed:
+        if engine.closed:
             # Granted while the coordinator closed: no lease may outlive aclose(). Give
             # the grant back (aclose() waits for that before closing the backend).
-            coord._discard(claim, self.ttl)
+            engine.release_in_background(claim, self.ttl)
             raise CoordinatorClosed(f"this Coordinator was closed while acquiring {self.name!r}")
+        # Held (and renewed) from its making: Lease() registers it with the engine.
         lease = Lease(
-            coord,
+            engine,
             claim,
             attempt.fence,
             self.ttl,
@@ -688,16 +830,15 @@ class Lock:
             cancel_on_lost=self.cancel_on_lost,
             retry=self.retry,
         )
-        coord._hold(lease, start)
         recorder.acquired(self.name, lease.fence, time.perf_counter() - began)
         return lease
 
     def _left(self, start: float) -> float:
         """How much validity a lease counted from ``start`` has beyond the late-grant
         margin now (<= 0: too late to hand over)."""
-        backend = self._coord.backend
-        valid = self.ttl - backend.drift(self.ttl)
-        return valid - (backend.clock.now() - start) - _LATE_GRANT * valid
+        engine = self._engine
+        valid = self.ttl - engine.backend.drift(self.ttl)
+        return valid - (engine.clock.now() - start) - _LATE_GRANT * valid
 
     def _held_elsewhere(self, *, unanswered: float = 0.0) -> LockTimeout:
         """The :class:`LockTimeout` of an acquire whose attempts the server refused (the
@@ -721,16 +862,16 @@ class Lock:
         claim could be granted (a background release could delete that one). Bounded
         like the attempt: by the caller's deadline, and by the lease itself (a server
         that does not answer drops it then anyway)."""
-        coord = self._coord
-        backend = coord.backend
+        engine = self._engine
+        backend = engine.backend
         ttl = self.ttl
-        coord._recorder.late_grant(self.name, _LATE_GRANT * (ttl - backend.drift(ttl)) - late)
-        bound = ttl if deadline is None else max(deadline - backend.clock.now(), _EXPIRY_MARGIN)
+        engine.recorder.late_grant(self.name, _LATE_GRANT * (ttl - backend.drift(ttl)) - late)
+        bound = ttl if deadline is None else max(deadline - engine.clock.now(), _EXPIRY_MARGIN)
         try:
             async with asyncio.timeout(bound):
                 await backend.release(claim)
         except BaseException as exc:
-            coord._discard(claim, ttl)
+            engine.release_in_background(claim, ttl)
             if isinstance(exc, TimeoutError):
                 raise LockTimeout(
                     f"lock {self.name!r}: a grant came too late and "
@@ -740,8 +881,9 @@ class Lock:
 
     async def _grant(self, claim: Claim, deadline: float | None) -> tuple[Attempt, float]:
         """Attempts until granted (or LockTimeout): the grant and when validity starts."""
-        backend = self._coord.backend
-        clock = backend.clock
+        engine = self._engine
+        backend = engine.backend
+        clock = engine.clock
         timeout = self.timeout
         start = clock.now()
         attempt = await self._attempt(claim, deadline, first=True)
@@ -755,7 +897,7 @@ class Lock:
                 # The first attempt's answer came after the deadline (it is given at least
                 # _FIRST_ANSWER): refused, and no time left to wait. It joined the waiter
                 # queue; leave it.
-                self._coord._leave(claim)
+                engine.leave_in_background(claim)
                 raise self._held_elsewhere()
             if backend.native_wait:
                 # It waited in the server's queue already; only a grant that came too
@@ -779,31 +921,31 @@ class Lock:
         timeout firing there): then it is left in the background, as it is when entering
         the wait failed.
         """
-        coord = self._coord
+        engine = self._engine
         # Subscribe first, then try: a release between the failed attempt and the sleep
         # is recorded on the slot, never lost.
-        waiter = coord.backend.waiter(self.name)
+        waiter = engine.backend.waiter(self.name)
         try:
             slot = await self._enter(waiter, deadline)
         except BaseException:
             # Stopped while subscribing: the first attempt's place in the queue would
             # keep others out until it lapses.
-            coord._leave(claim)
+            engine.leave_in_background(claim)
             raise
         slot.tag = claim.value  # a release that names this claim wakes this slot
-        coord._waiting.add(slot)
+        engine.waiting.add(slot)
         try:
             try:
                 result = await self._wait_loop(claim, deadline, slot)
             finally:
-                coord._waiting.discard(slot)
+                engine.waiting.discard(slot)
         except BaseException as exc:
             try:
                 await waiter.__aexit__(type(exc), exc, exc.__traceback__)
             except BaseException:
                 # Leaving the wait was interrupted or failed: it may not have left the
                 # queue. (Raised in place of ``exc``, as ``async with`` would.)
-                coord._leave(claim)
+                engine.leave_in_background(claim)
                 raise
             raise
         try:
@@ -811,7 +953,7 @@ class Lock:
             await waiter.__aexit__(None, None, None)
         except BaseException:
             # A cancel or an error there means no Lease will be made: give the grant back.
-            coord._discard(claim, self.ttl)
+            engine.release_in_background(claim, self.ttl)
             raise
         return result
 
@@ -823,7 +965,7 @@ class Lock:
         deadline, not with the subscriber's own (socket) timeout after it."""
         if deadline is None:
             return await waiter.__aenter__()
-        bound = asyncio.timeout(max(deadline - self._coord.backend.clock.now(), 0.0))
+        bound = asyncio.timeout(max(deadline - self._engine.clock.now(), 0.0))
         try:
             async with bound:
                 return await waiter.__aenter__()
@@ -832,18 +974,18 @@ class Lock:
                 raise
             raise LockTimeout(
                 f"lock {self.name!r} not acquired within {self.timeout:g}s (subscribing to "
-                f"its wake-ups on {self._coord.backend.describe()} took that long)"
+                f"its wake-ups on {self._engine.backend.describe()} took that long)"
             ) from exc
 
     async def _wait_loop(
         self, claim: Claim, deadline: float | None, slot: WakeSlot
     ) -> tuple[Attempt, float]:
-        coord = self._coord
-        clock = coord.backend.clock
+        engine = self._engine
+        clock = engine.clock
         retry = self.retry
         tries = 0
         while True:
-            coord._check_open()
+            engine.check_open()
             start = clock.now()
             attempt = await self._attempt(claim, deadline)
             if attempt.fence is not None:
@@ -869,9 +1011,7 @@ class Lock:
         """One ``try_acquire``, bounded by the caller's deadline (the ``first`` one of an
         acquire by at least :data:`_FIRST_ANSWER`), undone if interrupted; a grant that came
         too late to be of use is given back and reads as refused."""
-        backend = self._coord.backend
-        clock = backend.clock
-        sent = clock.now()
+        sent = self._engine.clock.now()
         attempt = await self._try(claim, deadline, first=first)
         if attempt.fence is None:
             return attempt
@@ -885,12 +1025,13 @@ class Lock:
         return _LATE
 
     async def _try(self, claim: Claim, deadline: float | None, *, first: bool) -> Attempt:
-        backend = self._coord.backend
+        engine = self._engine
+        backend = engine.backend
         stopped: BaseException | None = None  # the cancel our own deadline sent
         try:
             if deadline is None or self.timeout == 0:
                 return await backend.try_acquire(claim, self.ttl, wait=self.timeout)
-            remaining = max(deadline - backend.clock.now(), 0.0)
+            remaining = max(deadline - engine.clock.now(), 0.0)
             # A backend that waits in the server's queue stops there at the deadline; our
             # own bound only catches a server that does not answer at all. The first
             # attempt of an acquire is always waited for a moment, however small the
@@ -923,8 +1064,8 @@ class Lock:
             # timed out, connection reset after the request left): take it back. A request
             # our deadline stopped was cancelled as a caller's cancel would: on a
             # connection that keeps order, the give-back follows it and need not poll.
-            self._coord._discard(claim, self.ttl, in_flight=True, error=stopped or exc)
-            if isinstance(exc, BackendError) and self._coord.closed:
+            engine.release_in_background(claim, self.ttl, in_flight=True, error=stopped or exc)
+            if isinstance(exc, BackendError) and engine.closed:
                 raise CoordinatorClosed("this Coordinator was closed while acquiring") from exc
             raise
 
@@ -936,9 +1077,7 @@ class Lock:
             raise RuntimeError(f"lock {self.name!r} is already held by this task (not reentrant)")
         lease = await self.acquire()
         # From here to the body there is no await: the watchdog cannot interleave.
-        lease._task = task
-        lease._entry_cancelling = task.cancelling() if task is not None else 0
-        lease._in_body = True
+        lease.enter_body(task)
         self._leases[task] = lease
         if task is not None:
             _entered.setdefault(task, []).append(lease)
@@ -954,73 +1093,14 @@ class Lock:
         lease = self._leases.pop(task, None)
         if lease is None:
             raise RuntimeError(f"lock {self.name!r} was not entered by this task")
-        lease._in_body = False
+        lease.leave_body()
         if task is not None:
             entered = _entered.get(task)
             if entered is not None:
                 entered.remove(lease)
                 if not entered:
                     del _entered[task]
-        if lease._state is _HELD and not lease._releasing and lease.expires_in <= 0:
-            # The body outlived its validity (it blocked the loop, or the watchdog's timer
-            # has not run yet): it may have run unprotected, whatever the release says.
-            lease._lose("its local validity ran out before its block ended")
-        if lease._state is _HELD:
-            try:
-                released = await lease._release()
-            except Exception as error:
-                if not isinstance(exc, asyncio.CancelledError):
-                    raise
-                # A cancel is in flight: it must end the task, not an error of the clean-up
-                # (a caller retrying on BackendError would run on after task.cancel()). The
-                # release goes on in the background until the server confirms or the TTL ends.
-                logger.warning(
-                    "release of %r (fence %d) failed while its task was being cancelled; "
-                    "finishing it in the background: %s",
-                    self.name,
-                    lease.fence,
-                    error,
-                )
-                return
-            if released and lease._state is _LOST and not lease._cancels:
-                lease._released_after_loss()
-        if lease._state is _LOST:
-            await self._deliver_loss(lease, task, exc)  # raises, unless an outside cancel
-
-    async def _deliver_loss(
-        self, lease: Lease, task: asyncio.Task[object] | None, exc: BaseException | None
-    ) -> None:
-        """Raise :class:`LockLost` for a lost lease, unless an outside cancel must win.
-
-        The ``asyncio.timeout`` pattern: our cancel is ours only if ``uncancel()`` brings
-        the task back to the count it had on entry.
-        """
-        error = self._lost_error(
-            f"lease on {self.name!r} (fence {lease.fence}) lost: {lease._reason}", name=self.name
-        )
-        cancelled = isinstance(exc, asyncio.CancelledError)
-        if not lease._cancels or task is None:
-            if cancelled:
-                return  # an outside cancel: let it propagate
-            raise error from exc
-        for _ in range(lease._cancels - 1):
-            task.uncancel()
-        if task.uncancel() > lease._entry_cancelling:
-            if cancelled:
-                return  # cancelled from outside as well: the outside cancel wins
-            raise error from exc
-        if not cancelled:
-            # Our cancel did not surface as the body's exception: the body swallowed it, or
-            # it is still pending (the loss was noticed inside this task). On 3.11/3.12
-            # uncancel() leaves a pending cancel in place; let it fire here, not in the
-            # caller's next await.
-            try:
-                await asyncio.sleep(0)
-            except asyncio.CancelledError as pending:
-                if task.cancelling() > lease._entry_cancelling:
-                    raise  # a new cancel from outside arrived meanwhile
-                exc = exc or pending
-        raise error from exc
+        await lease.end_block(task, exc, self._lost_error)
 
     def __repr__(self) -> str:
         return (

@@ -30,20 +30,43 @@ __all__ = ("Mailbox", "WakeHub", "WakeSlot")
 _RECENT_RELEASES = 256
 
 
-class WakeSlot:
+class _Parked:
+    """Something a task waits on: a future kept while it waits (see :meth:`_park`)."""
+
+    __slots__ = ("_fut",)
+
+    def __init__(self) -> None:
+        self._fut: asyncio.Future[bool] | None = None
+
+    async def _park(self, clock: Clock, until: float | None) -> bool:
+        """Wait on a new future kept in ``_fut``: True when resolved by a wake-up or a
+        message, False when ``until`` passes on ``clock``."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._fut = fut
+        timer = None if until is None else clock.call_at(until, lambda: _resolve(fut, False))
+        try:
+            return await fut
+        finally:
+            self._fut = None
+            if timer is not None:
+                timer.cancel()
+
+
+class WakeSlot(_Parked):
     """One waiter's place in a :class:`WakeHub`."""
 
-    __slots__ = ("_fut", "_hub", "key", "tag", "woken")
+    __slots__ = ("_hub", "key", "tag", "woken")
 
     def __init__(self, hub: WakeHub, key: Hashable) -> None:
+        super().__init__()
         self._hub = hub
         self.key = key
         self.woken = False
         # Who waits: the claim's value, which a targeted wake-up names.
         self.tag: str | None = None
-        self._fut: asyncio.Future[bool] | None = None
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Mark the slot woken; its waiter, if parked, returns at once."""
         self.woken = True
         if self._fut is not None:
             _resolve(self._fut, True)
@@ -58,7 +81,7 @@ class WakeSlot:
             return True
         if until is not None and until <= clock.now():
             return False
-        woke = await _park(self, clock, until)
+        woke = await self._park(clock, until)
         # A wake-up that raced the timer is still recorded in ``woken``: consume it either way.
         woke = woke or self.woken
         self.woken = False
@@ -66,20 +89,6 @@ class WakeSlot:
 
     def __repr__(self) -> str:
         return f"<WakeSlot {self.key!r} woken={self.woken}>"
-
-
-async def _park(holder: WakeSlot | Mailbox, clock: Clock, until: float | None) -> bool:
-    """Wait on a new future kept in ``holder._fut``: True when resolved by a wake-up or a
-    message, False when ``until`` passes on ``clock``."""
-    fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-    holder._fut = fut
-    timer = None if until is None else clock.call_at(until, lambda: _resolve(fut, False))
-    try:
-        return await fut
-    finally:
-        holder._fut = None
-        if timer is not None:
-            timer.cancel()
 
 
 def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
@@ -126,7 +135,7 @@ class WakeHub:
         """Wake the oldest slot of ``key`` that is not already woken."""
         for slot in self._slots.get(key, ()):
             if not slot.woken:
-                slot._wake()
+                slot.wake()
                 return
 
     def notify_tag(self, key: Hashable, tag: str) -> None:
@@ -134,7 +143,7 @@ class WakeHub:
         for slot in self._slots.get(key, ()):
             if slot.tag == tag:
                 if not slot.woken:
-                    slot._wake()
+                    slot.wake()
                 return
 
     def announce(self, key: Hashable, release: Hashable, target: str | None = None) -> None:
@@ -163,7 +172,7 @@ class WakeHub:
         groups = self._slots.values() if key is None else (self._slots.get(key, {}),)
         for slots in list(groups):
             for slot in list(slots):
-                slot._wake()
+                slot.wake()
 
     def waiting(self, key: Hashable | None = None) -> int:
         """Number of registered slots for ``key`` (all keys if None)."""
@@ -176,18 +185,18 @@ class WakeHub:
         return list(self._slots)
 
 
-class Mailbox:
+class Mailbox(_Parked):
     """Messages of a topic for one listener, in arrival order (elections' observers).
 
     An empty message means "something may have been missed, look again" (sent after a
     lost connection).
     """
 
-    __slots__ = ("_fut", "_messages")
+    __slots__ = ("_messages",)
 
     def __init__(self) -> None:
+        super().__init__()
         self._messages: deque[str] = deque()
-        self._fut: asyncio.Future[bool] | None = None
 
     def put(self, message: str) -> None:
         self._messages.append(message)
@@ -199,7 +208,7 @@ class Mailbox:
         if not self._messages:
             if until is not None and until <= clock.now():
                 return None
-            await _park(self, clock, until)
+            await self._park(clock, until)
             if not self._messages:
                 return None
         return self._messages.popleft()

@@ -4,7 +4,7 @@
  * Code modelled (see README "Why it is safe"):
  *   server scripts  asynclock/backends/_scripts.py  ACQUIRE (SET NX PX + next_fence),
  *                   EXTEND / EXTEND_MANY (compare-and-PEXPIRE), RELEASE (compare-and-DEL)
- *   client          asynclock/_lock.py  Lease.extend, _assume, _confirmed, _release_once
+ *   client          asynclock/_lock.py  Lease.extend, unconfirmed, confirmed, _release_once
  *                   asynclock/_watchdog.py  Watchdog._send / _renew (ttl captured at send)
  *
  * Time is discrete (ticks). A lease's local validity is start + ttl - DRIFT, start taken
@@ -203,7 +203,7 @@ end:
     :: atomic { c[i].rq == SENT ->
         extend_script(i, c[i].rq_ttl, ok); c[i].rq_ok = ok; c[i].rq = ANSWERED; ok = false }
 
-    /* its reply: confirmed (_confirmed) or refused (lost) */
+    /* its reply: confirmed (confirmed) or refused (lost) */
     :: atomic { c[i].rq == ANSWERED ->
         c[i].rq = NONE;
         if
@@ -228,7 +228,7 @@ end:
         clear_rq(i) }
 
     /* its reply is lost (timeout, broken connection): it may have run, or may run
-       later; _assume: never believe longer than that request would leave the lease */
+       later; unconfirmed: never believe longer than that request would leave the lease */
     :: atomic { c[i].rq != NONE ->
         if
         :: c[i].rq == SENT && c[i].stray_ttl == 0 -> c[i].stray_ttl = c[i].rq_ttl
@@ -274,7 +274,7 @@ end:
 
     /* no reply (timeout, broken connection; the script may have run or not): the lease
        stays held ("release pending"), no longer renewed or extended, with no validity
-       from the moment the request left (_assume(sent, 0)); a later release (the
+       from the moment the request left (unconfirmed(sent, 0)); a later release (the
        background clean-up) tries again */
     :: atomic { c[i].st == RELEASING ->
 #ifndef M_RELEASE_NO_ASSUME

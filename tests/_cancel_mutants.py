@@ -63,10 +63,10 @@ MUTANTS = (
         (
             (
                 "_lock.py",
-                "            self._coord._discard(claim, self.ttl, in_flight=True, "
+                "            engine.release_in_background(claim, self.ttl, in_flight=True, "
                 "error=stopped or exc)\n",
                 "            if not isinstance(exc, asyncio.CancelledError):\n"
-                "                self._coord._discard(claim, self.ttl, in_flight=True, "
+                "                engine.release_in_background(claim, self.ttl, in_flight=True, "
                 "error=stopped or exc)\n",
             ),
         ),

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asynclock import _coordinator, _lock
+from asynclock import _engine, _lock
 from asynclock.backends import _scripts
 from asynclock.backends.base import Attempt, Backend
 from asynclock.backends.redis import RedisBackend
@@ -55,7 +55,7 @@ def always_grants() -> None:
 
 def never_loses() -> None:
     """The watchdog never declares a lease lost (a refused renewal goes unnoticed)."""
-    _lock.Lease._lose = lambda self, reason: None  # type: ignore[method-assign]
+    _lock.Lease.mark_lost = lambda self, reason: None  # type: ignore[method-assign]
 
 
 def _with_fence(fence: Any) -> None:
@@ -99,17 +99,17 @@ def trusts_a_lost_renewal() -> None:
     once per lease: a client cut off from the server alone holds on for up to a TTL
     while another is granted the lock (found by review; only an ``isolate`` fault,
     one client cut off while the others reach the server, shows it)."""
-    original = _lock.Lease._assume
+    original = _lock.Lease.unconfirmed
     trusted: set[str] = set()
 
-    def _assume(self: _lock.Lease, start: float, ttl: float) -> None:
+    def unconfirmed(self: _lock.Lease, start: float, ttl: float) -> None:
         if self._renew and self.token not in trusted:
             trusted.add(self.token)
-            self._confirmed(start, ttl)
+            self.confirmed(start, ttl)
             return
         original(self, start, ttl)
 
-    _lock.Lease._assume = _assume  # type: ignore[method-assign]
+    _lock.Lease.unconfirmed = unconfirmed  # type: ignore[method-assign]
 
 
 def late_grants() -> None:
@@ -122,13 +122,13 @@ def aclose_keeps_leases() -> None:
     nothing back on the server: the locks stay there, held by nobody, until their TTL
     (what racing closes and grants did before; only a look at the server after the
     close shows it)."""
-    original = _coordinator.Coordinator._discard
+    original = _engine.Engine.release_in_background
 
-    def _discard(self: _coordinator.Coordinator, *args: Any, **kwargs: Any) -> None:
+    def release_in_background(self: _engine.Engine[Any], *args: Any, **kwargs: Any) -> None:
         if not self.closed:
             original(self, *args, **kwargs)
 
-    _coordinator.Coordinator._discard = _discard  # type: ignore[method-assign]
+    _engine.Engine.release_in_background = release_in_background  # type: ignore[method-assign]
 
 
 MUTANTS: dict[str, str] = {
@@ -223,8 +223,8 @@ PLANTED: tuple[Planted, ...] = (
                 ),
                 (
                     "_watchdog.py",
-                    "                lease._confirmed(start, ttl)\n",
-                    "                lease._confirmed(self._clock.now(), ttl)\n",
+                    "                lease.confirmed(start, ttl)\n",
+                    "                lease.confirmed(self._clock.now(), ttl)\n",
                 ),
             ),
         ),

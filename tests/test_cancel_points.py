@@ -253,7 +253,7 @@ async def holder_for(env: Env, op: Op, name: str) -> Lease:
 
 async def parked(env: Env, coord: Coordinator) -> bool:
     """True once the operation's task sleeps waiting for a release."""
-    if any(getattr(slot, "_fut", None) is not None for slot in coord._waiting):
+    if any(getattr(slot, "_fut", None) is not None for slot in coord._engine.waiting):
         return True
     backend = coord.backend
     if isinstance(backend, PostgresBackend):

@@ -313,7 +313,9 @@ class TestCancellation:
                     break
                 await asyncio.sleep(0.01)
             holder = await observer.inspect("race")
-            assert holder is None, f"cancelled after {delay}s: {holder}, tasks {coord._tasks}"
+            assert holder is None, (
+                f"cancelled after {delay}s: {holder}, tasks {coord._engine.tasks}"
+            )
 
 
 class TestClose:

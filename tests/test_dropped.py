@@ -110,7 +110,7 @@ class TestDroppedLease:
         await asyncio.sleep(1.2)  # two renewal periods of the revived lease's TTL
         stats = coord.stats()
         assert (stats.held, stats.releases, stats.losses) == (0, 1, 0)
-        assert len(coord._watchdog) == 0
+        assert len(coord._engine.watchdog) == 0
         await taken.release()
 
     async def test_a_lease_dropped_just_before_aclose_is_given_back(

@@ -57,7 +57,7 @@ async def frozen_leader(
     process had frozen."""
     async with election.leadership() as term:
         term.lease._renew = False
-        coord._watchdog.reschedule(term.lease, term.lease._valid_until)
+        coord._engine.watchdog.reschedule(term.lease._held_watch(), term.lease.valid_until)
         entered.set()
         await asyncio.sleep(3600)
 

@@ -42,7 +42,7 @@ class TestErrorNames:
         assert not_owned.value.name == "named"
         with pytest.raises(asynclock.LockLost) as lost:
             async with coord.lock("named", ttl=30, cancel_on_lost=False) as held:
-                held._lose("lost on purpose")  # what a refused renewal does
+                held.mark_lost("lost on purpose")  # what a refused renewal does
         assert lost.value.name == "named"
 
 

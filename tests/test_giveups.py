@@ -29,7 +29,7 @@ async def _settled(coord: asynclock.Coordinator) -> RedisBackend:
     """Wait until every give-back and give-up of ``coord`` has finished on the server."""
     backend = redis_backend(coord)
     waiters = getattr(backend, "_tasks", ())  # give-ups leaving the wait
-    assert await eventually(lambda: not coord._tasks and not waiters, within=15.0)
+    assert await eventually(lambda: not coord._engine.tasks and not waiters, within=15.0)
     await backend._link.execute("PING")  # after every request that went out before it
     return backend
 
@@ -68,7 +68,7 @@ class TestGiveUpsLeaveTheQueue:
         holder = await coord.lock("f", ttl=30, fair=True).acquire()
         waiting = asyncio.create_task(coord.lock("f", ttl=30, fair=True).acquire())
         backend = redis_backend(coord)
-        assert await eventually(lambda: len(coord._waiting) == 1)  # subscribed, waiting
+        assert await eventually(lambda: len(coord._engine.waiting) == 1)  # subscribed, waiting
         await cancel_twice(waiting, steps)
         await _settled(coord)
         assert await _queued(backend, "f") == []
@@ -108,7 +108,7 @@ class TestGiveUpsLeaveTheQueue:
         # Subscribed already (as on a busy lock): give-ups land in the wait, not only
         # while subscribing.
         anchor = asyncio.create_task(coord.lock("f", ttl=30, fair=True).acquire())
-        assert await eventually(lambda: len(coord._waiting) == 1)
+        assert await eventually(lambda: len(coord._engine.waiting) == 1)
         await asyncio.gather(*(give_up() for _ in range(100)))
         anchor.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -300,7 +300,7 @@ class TestRedlockWaitersLeaveTheirChannels:
     async def _settled(coord: asynclock.Coordinator) -> None:
         backend = coord.backend
         assert isinstance(backend, asynclock.backends.RedlockBackend)
-        assert await eventually(lambda: not coord._tasks and not backend._tasks, within=15.0)
+        assert await eventually(lambda: not coord._engine.tasks and not backend._tasks, within=15.0)
 
     @pytest.mark.parametrize("steps", [1])
     async def test_a_cancel_while_leaving_the_wait_still_unsubscribes(
@@ -312,7 +312,7 @@ class TestRedlockWaitersLeaveTheirChannels:
         ):
             holder = await other.lock("r", ttl=30).acquire()
             waiting = asyncio.create_task(coord.lock("r", ttl=30).acquire())
-            assert await eventually(lambda: len(coord._waiting) == 1)
+            assert await eventually(lambda: len(coord._engine.waiting) == 1)
             await cancel_twice(waiting, steps)
             await self._settled(coord)
             assert self._held(coord) == [{}] * 5
@@ -390,7 +390,7 @@ class TestLeavingKeepsTheCallersTime:
                 loop = asyncio.get_running_loop()
                 began = loop.time()
                 task = asyncio.create_task(coord.lock("n", ttl=30, timeout=2.0).acquire())
-                assert await eventually(lambda: len(coord._waiting) == 1, within=5)
+                assert await eventually(lambda: len(coord._engine.waiting) == 1, within=5)
                 proxy.blackhole()
                 with pytest.raises(asynclock.LockTimeout):
                     await task
@@ -432,7 +432,7 @@ class TestLeavingKeepsTheCallersTime:
 
 
 def _waiting_one(coord: asynclock.Coordinator) -> bool:
-    return len(coord._waiting) == 1
+    return len(coord._engine.waiting) == 1
 
 
 class TestGivingUpKeepsTheDeadline:

@@ -380,7 +380,9 @@ class TestCancelSafety:
             for start in range(0, 1000, 4):
                 await asyncio.gather(*(one(i) for i in range(start, start + 4)))
             assert outcomes["cancelled"] > 500
-            assert await eventually(lambda: not coord._tasks and not other._tasks, within=10)
+            assert await eventually(
+                lambda: not coord._engine.tasks and not other._engine.tasks, within=10
+            )
             assert coord.held == []
         assert await advisory_rows(pool) == []
         conns = [await pool.acquire() for _ in range(pool.get_size())]

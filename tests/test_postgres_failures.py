@@ -223,8 +223,10 @@ class TestStalledAndKilledSessions:
             try:
                 assert await eventually(lambda: b.lost, within=4 * ttl)
                 assert a.held
-                renewals = coord._watchdog.renewals
-                assert await eventually(lambda: coord._watchdog.renewals > renewals, within=ttl)
+                renewals = coord._engine.watchdog.renewals
+                assert await eventually(
+                    lambda: coord._engine.watchdog.renewals > renewals, within=ttl
+                )
                 assert a.held
             finally:
                 os.kill(pid, signal.SIGCONT)

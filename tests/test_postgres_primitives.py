@@ -300,7 +300,9 @@ class TestSemaphore:
             for start in range(0, 1000, 2):
                 await asyncio.gather(one(start), one(start + 1))
             assert outcomes["cancelled"] > 500
-            assert await eventually(lambda: not coord._tasks and not other._tasks, within=10)
+            assert await eventually(
+                lambda: not coord._engine.tasks and not other._engine.tasks, within=10
+            )
             assert coord.held == []
         keys = semaphore_keys("c:0", 2, namespace) + semaphore_keys("c:1", 2, namespace)
         assert await advisory_rows(pool, keys) == []

@@ -308,7 +308,7 @@ class TestCloseLeavesNoConnection:
             coord = asynclock.connect(proxy.url_for(asynclock_redis_url), prefix=namespace)
             lease = await coord.lock("held", ttl=30).acquire()
             waiting = asyncio.create_task(coord.lock("held", ttl=30).acquire())
-            assert await eventually(lambda: len(coord._waiting) == 1)
+            assert await eventually(lambda: len(coord._engine.waiting) == 1)
             assert proxy.stats.active >= 2
             await interrupted_aclose(coord, steps)
             await coord.aclose()
@@ -332,7 +332,7 @@ class TestCloseLeavesNoConnection:
         and no background task outlives it (the acquire, failing after the close, started
         its give-back in a task set that was closed already)."""
         bound = 1.0
-        monkeypatch.setattr(asynclock._coordinator, "_CLOSE_TIMEOUT", bound)
+        monkeypatch.setattr(asynclock._engine, "_CLOSE_TIMEOUT", bound)
         async with FaultProxy.from_url(asynclock_redis_url) as proxy:
             coord = asynclock.connect(
                 proxy.url_for(asynclock_redis_url), prefix=namespace, socket_timeout=1.3
@@ -340,7 +340,7 @@ class TestCloseLeavesNoConnection:
             held = await coord.lock("held", ttl=30).acquire()
             if kind == "waiter":
                 other = asyncio.ensure_future(coord.lock("held", ttl=30).acquire())
-                assert await eventually(lambda: len(coord._waiting) == 1)
+                assert await eventually(lambda: len(coord._engine.waiting) == 1)
                 proxy.blackhole()
             else:
                 proxy.blackhole()
@@ -589,7 +589,7 @@ class TestManyLeases:
                 return await redis_coord.lock(f"many:{i}", ttl=ttl).acquire()
 
         leases = await asyncio.gather(*(take(i) for i in range(10_000)))
-        watchdog = redis_coord._watchdog
+        watchdog = redis_coord._engine.watchdog
         renewals_before = watchdog.renewals
         most_tasks = 0
         deadline = time.monotonic() + 2 * ttl / 3 + 0.5

@@ -383,7 +383,7 @@ class _LeaderRunner:
         self._error = None
         self.campaigning()
         task = asyncio.get_running_loop().create_task(
-            self._main(election), name=f"asynclock-leader:{spec.name}"
+            self._main(election, coord.backend.clock), name=f"asynclock-leader:{spec.name}"
         )
         task.add_done_callback(self._ended)
         return task
@@ -395,12 +395,13 @@ class _LeaderRunner:
         if self._state != "stopped":
             self._stop("stopped: the app shut down" if task.cancelled() else "stopped")
 
-    async def _main(self, election: Election) -> None:
+    async def _main(self, election: Election, clock: Clock) -> None:
         spec = self.spec
         try:
             await campaign(
                 election,
                 spec.callback,
+                clock=clock,
                 pauses=spec.retry,
                 restart_bugs=spec.on_error == "restart",
                 watch=self,

@@ -420,7 +420,7 @@ class Checker:
 
     def _hook_losses(self, client: int, coord: Coordinator) -> None:
         """Hear of each lease loss as the coordinator counts it (the moment it is marked)."""
-        recorder = coord._recorder
+        recorder = coord._engine.recorder
         counted = recorder.lost
 
         def lost(name: str, fence: int, reason: str) -> None:

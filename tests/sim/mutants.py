@@ -96,8 +96,8 @@ MUTANTS = (
         (
             (
                 "_watchdog.py",
-                "                lease._confirmed(start, ttl)\n",
-                "                lease._confirmed(start, lease.ttl)\n",
+                "                lease.confirmed(start, ttl)\n",
+                "                lease.confirmed(start, lease.ttl)\n",
             ),
             (
                 "_lock.py",
@@ -150,7 +150,7 @@ MUTANTS = (
         (
             (
                 "_lock.py",
-                "            coord._discard(claim, self.ttl)\n"
+                "            engine.release_in_background(claim, self.ttl)\n"
                 "            raise\n        return result\n",
                 "            raise  # the grant is dropped\n        return result\n",
             ),
@@ -162,7 +162,8 @@ MUTANTS = (
         (
             (
                 "_lock.py",
-                "                coord._leave(claim)\n                raise\n            raise\n",
+                "                engine.leave_in_background(claim)\n"
+                "                raise\n            raise\n",
                 "                raise\n            raise\n",
             ),
         ),

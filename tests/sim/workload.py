@@ -562,8 +562,10 @@ class _Sim:
             names = sorted(t.get_name() for t in others)
             self.checker.fail("6-aclose", f"tasks outlive aclose(): {names}")
         for client, coord in self.coords.items():
-            if coord._tasks:
-                self.checker.fail("6-aclose", f"c{client} still owns {len(coord._tasks)} tasks")
+            if coord._engine.tasks:
+                self.checker.fail(
+                    "6-aclose", f"c{client} still owns {len(coord._engine.tasks)} tasks"
+                )
             backend = self.backends[client]
             if any(conn.pending for conn in [*backend.conns, backend.sub]):
                 self.checker.fail("6-aclose", f"c{client} has requests in flight after aclose")
