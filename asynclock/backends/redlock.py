@@ -41,9 +41,9 @@ from .._errors import BackendError, QuorumError
 from .._tasks import TaskSet
 from .._validate import check_number
 from .._wakeup import Mailbox, WakeHub, WakeSlot
-from ._resp import Pipe, pack
 from .base import Attempt, Backend, Claim, LockInfo, owner_of
 from .redis import Call, Keys, RedisBackend, client_from_url
+from .redis.pipe import Pipe, pack
 
 __all__ = ("RedlockBackend",)
 

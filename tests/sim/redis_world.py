@@ -34,11 +34,13 @@ from typing import TYPE_CHECKING, Any
 from unittest import mock
 
 from asynclock import Coordinator
-from asynclock.backends import _resp, _scripts, redlock
 from asynclock.backends import base as backend_base
-from asynclock.backends import redis as redis_backend
+from asynclock.backends import redlock
 from asynclock.backends.base import Claim
 from asynclock.backends.redis import RedisBackend
+from asynclock.backends.redis import backend as redis_backend
+from asynclock.backends.redis import pipe as _resp
+from asynclock.backends.redis import scripts as _scripts
 from asynclock.backends.redlock import RedlockBackend
 
 from .invariants import ABANDONED_ROUND

@@ -38,15 +38,15 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
 
-from .._backoff import Backoff
-from .._clock import Clock
-from .._errors import BackendError, map_backend_errors
-from .._tasks import TaskSet
-from .._validate import check_number
-from .._wakeup import Mailbox, WakeHub, WakeSlot
-from . import _scripts
-from ._resp import Pipe, pipe_for
-from .base import Attempt, Backend, Claim, LockInfo, owner_of
+from ..._backoff import Backoff
+from ..._clock import Clock
+from ..._errors import BackendError, map_backend_errors
+from ..._tasks import TaskSet
+from ..._validate import check_number
+from ..._wakeup import Mailbox, WakeHub, WakeSlot
+from ..base import Attempt, Backend, Claim, LockInfo, owner_of
+from . import scripts as _scripts
+from .pipe import Pipe, pipe_for
 
 __all__ = ("RedisBackend",)
 
