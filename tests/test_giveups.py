@@ -20,7 +20,7 @@ import redis.asyncio as aredis
 
 import asynclock
 from asynclock.backends import Attempt, Claim, RedisBackend
-from asynclock.backends.redis.backend import _Subscriber
+from asynclock.backends.redis.pubsub import Subscriber as _Subscriber
 from asynclock.testing.proxy import FaultProxy
 from tests.conftest import eventually, redis_backend
 

@@ -16,7 +16,8 @@ Every operation fans out to all nodes at once (``asyncio.gather``), each node bo
 - extend: compare-and-extend everywhere; a majority must confirm.
 - release: compare-and-delete everywhere, including nodes that timed out earlier.
 
-The scripts are the single-node ones (:mod:`._scripts`), plus the fence write-back.
+The scripts are the single-node ones (:mod:`.redis.scripts`), plus the fence write-back.
+Each node is a :class:`~.redis.RedisBackend`, used through its public members only.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -43,7 +44,7 @@ from .._validate import check_number
 from .._wakeup import Mailbox, WakeHub, WakeSlot
 from .base import Attempt, Backend, Claim, LockInfo, owner_of
 from .redis import Call, Keys, RedisBackend, client_from_url
-from .redis.pipe import Pipe, pack
+from .redis.pipe import pack
 
 __all__ = ("RedlockBackend",)
 
@@ -102,7 +103,7 @@ class RedlockBackend(Backend):
         # One hub for every node's wake-ups: a release counts once a majority announced it.
         self._hub = WakeHub(quorum=self.quorum)
         for node in self._nodes:
-            node._share_hub(self._hub)
+            node.share_hub(self._hub)
         self._owns_clients = False
         # Node operations still running after their fan-out was decided.
         # Per-node requests (stragglers finish here after the outcome was decided) and
@@ -223,19 +224,17 @@ class RedlockBackend(Backend):
         otherwise (TLS, a node connecting) it goes through :meth:`_each`.
         """
         targets = self._nodes if nodes is None else nodes
-        links = [node._link for node in targets]
-        protos = [link.ready() if isinstance(link, Pipe) else None for link in links]
-        if not targets or any(proto is None for proto in protos):
+        senders = [node.sender() for node in targets]
+        if not targets or any(send is None for send in senders):
             return await self._each(
                 lambda node: node.run(call), targets, wanted=wanted, refused=refused
             )
         script, numkeys, args = call
         packed = pack(("EVALSHA", script.sha, numkeys, *args))
         tally = _Tally(len(targets), self.quorum, len(self._nodes), wanted, refused)
-        for i, (link, proto) in enumerate(zip(links, protos, strict=True)):
-            assert isinstance(link, Pipe)
-            assert proto is not None
-            link.request(proto, packed, functools.partial(tally.settle, i))
+        for i, send in enumerate(senders):
+            assert send is not None
+            send(packed, functools.partial(tally.settle, i))
         timer = asyncio.get_running_loop().call_later(self.node_timeout, tally.expire)
         try:
             await tally.decided
@@ -471,7 +470,7 @@ class RedlockBackend(Backend):
         return None
 
     def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
-        return _RedlockWaiter(self, self._nodes[0].channel(name))
+        return _RedlockWaiter(self._hub, self._each, self._tasks, self._nodes[0].channel(name))
 
     async def publish(self, topic: str, message: str) -> None:
         # Every node that answers in time carries it; listeners hear it once per node
@@ -486,10 +485,10 @@ class RedlockBackend(Backend):
         mailbox = Mailbox()
         channel = self._nodes[0].topic_channel(topic)
         for node in self._nodes:
-            node._subscriber.deliver(channel, mailbox)
+            node.subscriber.deliver(channel, mailbox)
         subscribed: list[RedisBackend] = []
         try:
-            results = await self._each(lambda node: node._subscriber.subscribe(channel))
+            results = await self._each(lambda node: node.subscriber.subscribe(channel))
             subscribed = [
                 node
                 for node, result in zip(self._nodes, results, strict=True)
@@ -498,10 +497,10 @@ class RedlockBackend(Backend):
             yield mailbox
         finally:
             for node in self._nodes:
-                node._subscriber.undeliver(channel, mailbox)
+                node.subscriber.undeliver(channel, mailbox)
             with contextlib.suppress(BackendError):
                 await self._each(
-                    lambda node: node._subscriber.unsubscribe(channel, confirm=False), subscribed
+                    lambda node: node.subscriber.unsubscribe(channel, confirm=False), subscribed
                 )
 
     async def aclose(self) -> None:
@@ -519,8 +518,17 @@ class RedlockBackend(Backend):
         return all(node.ordered_after_cancel() for node in self._nodes)
 
     def describe(self) -> str:
-        where = ", ".join(node._where[len("Redis ") :] for node in self._nodes)
+        where = ", ".join(node.address for node in self._nodes)
         return f"RedlockBackend {len(self._nodes)} nodes ({where})"
+
+
+class _Each(Protocol):
+    """The backend's fan-out, as a waiter uses it: ``op`` on every node (or on ``nodes``)
+    at once, each bounded by the node timeout; a node's error or lateness is its result."""
+
+    def __call__(
+        self, op: Callable[[RedisBackend], Awaitable[T]], nodes: Sequence[RedisBackend] | None = ...
+    ) -> Awaitable[list[T | BackendError | TimeoutError | None]]: ...
 
 
 class _Rounds:
@@ -664,38 +672,41 @@ def _granted(reply: object) -> bool:
 
 
 class _RedlockWaiter:
-    """A hub slot, then a subscription on every node that answers within node_timeout.
+    """A slot in ``hub`` for ``channel``, then a subscription to it on every node that
+    answers within the node timeout (``each``, the backend's fan-out).
 
     Nodes that are down do not hold the waiter up: a majority of them announcing a
-    release is what wakes it, and the backoff covers the rest.
+    release is what wakes it, and the backoff covers the rest. Unsubscribes that must
+    not hold the caller up go on in ``tasks``.
     """
 
-    __slots__ = ("_backend", "_channel", "_slot", "_subscribed")
+    __slots__ = ("_channel", "_each", "_hub", "_slot", "_subscribed", "_tasks")
 
-    def __init__(self, backend: RedlockBackend, channel: str) -> None:
-        self._backend = backend
+    def __init__(self, hub: WakeHub, each: _Each, tasks: TaskSet, channel: str) -> None:
+        self._hub = hub
+        self._each = each
+        self._tasks = tasks
         self._channel = channel
         self._slot: WakeSlot | None = None
         self._subscribed: list[RedisBackend] = []
 
     async def __aenter__(self) -> WakeSlot:
-        backend = self._backend
-        slot = self._slot = backend._hub.register(self._channel)
+        slot = self._slot = self._hub.register(self._channel)
         channel = self._channel
         subscribed: list[RedisBackend] = []
 
         async def subscribe(node: RedisBackend) -> None:
-            await node._subscriber.subscribe(channel)
+            await node.subscriber.subscribe(channel)
             subscribed.append(node)
 
         try:
-            await backend._each(subscribe)
+            await self._each(subscribe)
         except BaseException:
-            backend._hub.unregister(slot)
+            self._hub.unregister(slot)
             # Cancelled while a slow node had yet to confirm: the nodes that did keep a
             # reference each (the channel would stay subscribed for good). Drop them.
             if subscribed:
-                backend._tasks.spawn_unless_closed(
+                self._tasks.spawn_unless_closed(
                     self._unsubscribe(subscribed, confirm=False),
                     name=f"asynclock-redlock-unsubscribe:{channel}",
                 )
@@ -710,14 +721,14 @@ class _RedlockWaiter:
         tb: TracebackType | None,
     ) -> None:
         assert self._slot is not None
-        self._backend._hub.unregister(self._slot)
+        self._hub.unregister(self._slot)
         subscribed, self._subscribed = self._subscribed, []
         if exc_type is None:
             await self._unsubscribe(subscribed, confirm=False)
             return
         # Giving up (timed out, cancelled): the unsubscribes go on in the background, so
         # that silent nodes do not hold the caller's LockTimeout or cancel back.
-        self._backend._tasks.spawn_unless_closed(
+        self._tasks.spawn_unless_closed(
             self._unsubscribe(subscribed, confirm=True),
             name=f"asynclock-redlock-unsubscribe:{self._channel}",
         )
@@ -726,6 +737,6 @@ class _RedlockWaiter:
     async def _unsubscribe(self, nodes: list[RedisBackend], *, confirm: bool) -> None:
         channel = self._channel
         with contextlib.suppress(BackendError):
-            await self._backend._each(
-                lambda node: node._subscriber.unsubscribe(channel, confirm=confirm), nodes
+            await self._each(
+                lambda node: node.subscriber.unsubscribe(channel, confirm=confirm), nodes
             )
