@@ -49,6 +49,7 @@ from .redis.pipe import pack
 __all__ = ("RedlockBackend",)
 
 T = TypeVar("T")
+N = TypeVar("N", int, float)
 
 _BACKEND_OPTIONS = ("prefix", "fence_retention", "clock", "drift_factor", "drift_base")
 # Rounds of an acquire before too many failed or late nodes make it a QuorumError.
@@ -100,6 +101,8 @@ class RedlockBackend(Backend):
             for client in clients
         ]
         self.quorum = len(self._nodes) // 2 + 1
+        # Every count of nodes against the majority is made by this one object.
+        self._majority = _Majority(len(self._nodes), self.quorum)
         # One hub for every node's wake-ups: a release counts once a majority announced it.
         self._hub = WakeHub(quorum=self.quorum)
         for node in self._nodes:
@@ -197,7 +200,7 @@ class RedlockBackend(Backend):
                         yes += 1
                     elif _refuses(reply, wanted, refused):
                         no += 1
-                if yes >= self.quorum or no > len(self._nodes) - self.quorum:
+                if self._majority.decided(yes, no):
                     break
         except BaseException:
             expired.cancel()
@@ -231,7 +234,7 @@ class RedlockBackend(Backend):
             )
         script, numkeys, args = call
         packed = pack(("EVALSHA", script.sha, numkeys, *args))
-        tally = _Tally(len(targets), self.quorum, len(self._nodes), wanted, refused)
+        tally = _Tally(len(targets), self._majority, wanted, refused)
         for i, send in enumerate(senders):
             assert send is not None
             send(packed, functools.partial(tally.settle, i))
@@ -316,7 +319,7 @@ class RedlockBackend(Backend):
         # and a real outage still fails within a few node timeouts.
         for round_ in range(_QUORUM_ROUNDS):
             attempt, failed = await self._acquire_once(claim, ttl)
-            if failed <= len(self._nodes) - self.quorum:
+            if self._majority.tolerates(failed):
                 return attempt
             if round_ < _QUORUM_ROUNDS - 1:
                 await asyncio.sleep(random.random() * self.node_timeout)  # noqa: S311
@@ -346,18 +349,18 @@ class RedlockBackend(Backend):
             if isinstance(reply, int) and reply > 0
         ]
         failed = sum(isinstance(reply, Exception) for reply in replies)
-        if len(granted) >= self.quorum:
+        if self._majority.reached(len(granted)):
             fence = max(reply for _, reply in granted)
             behind = [node for node, reply in granted if reply < fence]
             stored = len(granted) - len(behind)  # nodes whose counter already is the fence
-            if behind and stored < self.quorum:
+            if behind and not self._majority.reached(stored):
                 confirms = await self._script(
                     first.raise_fence_call(keys, value, fence, ttl), behind, wanted=_one
                 )
                 stored += sum(_one(confirm) for confirm in confirms)
                 failed += sum(isinstance(confirm, Exception) for confirm in confirms)
             left = ttl - (self.clock.now() - start) - self.drift(ttl)
-            if stored >= self.quorum and left > 0:
+            if self._majority.reached(stored) and left > 0:
                 return Attempt(fence), 0
         # No majority: give back at once what we took, on every node (one that timed out
         # may have taken it all the same), so that our retry does not block itself. Nodes
@@ -403,7 +406,7 @@ class RedlockBackend(Backend):
             for reply in replies
             if isinstance(reply, int) and reply <= 0
         )
-        needed = self.quorum - free
+        needed = self._majority.missing(free)
         if needed <= 0 or needed > len(held) or math.isinf(held[needed - 1]):
             return None
         return held[needed - 1]
@@ -421,11 +424,9 @@ class RedlockBackend(Backend):
 
     def _verdict(self, results: Sequence[object]) -> bool | None:
         """True if a majority confirmed, False if so many refused that none can, else None."""
-        if sum(_one(result) for result in results) >= self.quorum:
-            return True
-        if sum(_zero(result) for result in results) > len(self._nodes) - self.quorum:
-            return False
-        return None
+        return self._majority.verdict(
+            sum(_one(result) for result in results), sum(_zero(result) for result in results)
+        )
 
     async def extend_many(self, items: Sequence[tuple[Claim, float]]) -> list[bool | None]:
         batch = [(self._keys(claim), claim.value, ttl) for claim, ttl in items]
@@ -457,15 +458,15 @@ class RedlockBackend(Backend):
         holders = Counter(value for value, _, _ in found)
         if holders:
             value, count = holders.most_common(1)[0]
-            if count >= self.quorum:
+            if self._majority.reached(count):
                 mine = [r for r in found if r[0] == value]
                 # Held while a majority holds it: until the quorum-th longest TTL ends.
-                expires_in = sorted((left for _, left, _ in mine), reverse=True)[self.quorum - 1]
+                expires_in = self._majority.agreed([left for _, left, _ in mine])
                 # The holder's fence is on a majority (the grant waits for that); a node
                 # that granted late may still show an older, smaller counter.
-                fence = sorted((counter for _, _, counter in mine), reverse=True)[self.quorum - 1]
+                fence = self._majority.agreed([counter for _, _, counter in mine])
                 return LockInfo(name, owner_of(value), expires_in, fence)
-        if failed > len(self._nodes) - self.quorum:
+        if not self._majority.tolerates(failed):
             raise self._no_quorum("inspect", failed)
         return None
 
@@ -522,6 +523,48 @@ class RedlockBackend(Backend):
         return f"RedlockBackend {len(self._nodes)} nodes ({where})"
 
 
+class _Majority:
+    """``quorum`` of ``nodes``, and what a count of their replies decides: the one place
+    where Redlock counts (acquire, fence write-back, extend, release, inspect, and
+    every fan-out that returns once the outcome is decided)."""
+
+    __slots__ = ("_spare", "quorum")
+
+    def __init__(self, nodes: int, quorum: int) -> None:
+        self.quorum = quorum
+        # How many nodes may fail, refuse or be late with a majority still possible.
+        self._spare = nodes - quorum
+
+    def reached(self, yes: int) -> bool:
+        """``yes`` nodes are a majority."""
+        return yes >= self.quorum
+
+    def tolerates(self, failed: int) -> bool:
+        """A majority is still possible with ``failed`` nodes out."""
+        return failed <= self._spare
+
+    def decided(self, yes: int, no: int) -> bool:
+        """Whether ``yes`` nodes for and ``no`` against settle the outcome."""
+        return yes >= self.quorum or no > self._spare
+
+    def verdict(self, yes: int, no: int) -> bool | None:
+        """True with a majority for, False once one can no longer be reached, else None."""
+        if yes >= self.quorum:
+            return True
+        if no > self._spare:
+            return False
+        return None
+
+    def missing(self, yes: int) -> int:
+        """How many more nodes ``yes`` needs to be a majority (<= 0: none)."""
+        return self.quorum - yes
+
+    def agreed(self, values: Sequence[N]) -> N:
+        """The largest value that a majority of ``values`` (one per node, at least a
+        majority of them) reach: their ``quorum``-th largest."""
+        return sorted(values, reverse=True)[self.quorum - 1]
+
+
 class _Each(Protocol):
     """The backend's fan-out, as a waiter uses it: ``op`` on every node (or on ``nodes``)
     at once, each bounded by the node timeout; a node's error or lateness is its result."""
@@ -574,9 +617,8 @@ class _Tally:
     """Replies of one fan-out as they arrive, and whether the outcome is decided yet."""
 
     __slots__ = (
+        "_majority",
         "_no",
-        "_nodes",
-        "_quorum",
         "_refused",
         "_settled",
         "_wanted",
@@ -588,15 +630,13 @@ class _Tally:
     def __init__(
         self,
         n: int,
-        quorum: int,
-        nodes: int,
+        majority: _Majority,
         wanted: Callable[[object], bool] | None,
         refused: Callable[[object], bool] | None,
     ) -> None:
         self.results: list[Any] = [None] * n
         self._settled = [False] * n
-        self._quorum = quorum
-        self._nodes = nodes
+        self._majority = majority
         self._wanted = wanted
         self._refused = refused
         self._yes = self._no = 0
@@ -612,7 +652,7 @@ class _Tally:
                 self._yes += 1
             elif _refuses(reply, self._wanted, self._refused):
                 self._no += 1
-            if self._yes >= self._quorum or self._no > self._nodes - self._quorum:
+            if self._majority.decided(self._yes, self._no):
                 self._decide()
         if all(self._settled):
             self._decide()
