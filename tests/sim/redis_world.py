@@ -9,7 +9,7 @@ counting and validity are the shipped code; the nodes (:mod:`tests.sim.redis_nod
 the shipped Lua scripts; the connections between them are :mod:`tests.sim.wire`'s.
 
 What is not the shipped environment, and why: the clients' ``time`` in
-:mod:`asynclock.backends._resp` (the socket-timeout watch) and
+:mod:`asynclock.backends.redis.pipe` (the socket-timeout watch) and
 :mod:`asynclock.backends.redlock` (the fence floor) reads virtual time, and the random
 tokens (``secrets.token_hex``) come from the seed, so that a seed stays a recording.
 
