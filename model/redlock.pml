@@ -12,8 +12,8 @@
  *
  * Code modelled (see README "Why it is safe"):
  *   asynclock/backends/redlock.py  RedlockBackend._acquire_once, release, _Tally/_each
- *   asynclock/backends/_scripts.py  ACQUIRE (with ARGV[4] floor, already ours), RAISE_FENCE,
- *                                   RELEASE
+ *   asynclock/backends/redis/scripts.py  ACQUIRE (with ARGV[4] floor, already ours), RAISE_FENCE,
+ *                                         RELEASE
  *
  * Properties (-D): P_EXCL never two locally valid holders; P_FENCE fences of successive
  * grants strictly increase; P_WRITES accepted writes of two holders never interleave.

@@ -2,7 +2,7 @@
  * One Redis node: leases, renewal, extend, release, the fence and a fenced resource.
  *
  * Code modelled (see README "Why it is safe"):
- *   server scripts  asynclock/backends/_scripts.py  ACQUIRE (SET NX PX + next_fence),
+ *   server scripts  asynclock/backends/redis/scripts.py  ACQUIRE (SET NX PX + next_fence),
  *                   EXTEND / EXTEND_MANY (compare-and-PEXPIRE), RELEASE (compare-and-DEL)
  *   client          asynclock/_lock.py  Lease.extend, unconfirmed, confirmed, _release_once
  *                   asynclock/_watchdog.py  Watchdog._send / _renew (ttl captured at send)
@@ -62,7 +62,7 @@ byte key_who = 0;       /* the client (index + 1) whose ACQUIRE set the key */
 
 #define LIVE(t) (key_tok == (t) && key_exp > now)
 
-/* next_fence in _scripts.py: max(counter + 1, server time) */
+/* next_fence in scripts.py: max(counter + 1, server time) */
 inline next_fence(f) {
     us++;
 #ifdef M_NO_FLOOR

@@ -2,13 +2,13 @@
  * The waiter queue and wake-ups on one Redis node.
  *
  * Code modelled (see README "Why it is safe"):
- *   asynclock/backends/_scripts.py  ACQUIRE (queued: join, keeping one's place),
+ *   asynclock/backends/redis/scripts.py  ACQUIRE (queued: join, keeping one's place),
  *       ACQUIRE_FAIR (refused while an earlier live waiter is queued), RELEASE (DEL,
  *       then hand_on/wake_next: the oldest waiter whose place has not lapsed),
  *       DEQUEUE (a waiter that gives up leaves and passes the wake-up on), next_waiter
  *   asynclock/_lock.py  Lock._wait / _wait_loop (subscribe first, then try; sleep until
  *       woken, the holder's TTL or the recheck step), asynclock/_wakeup.py WakeSlot.wait
- *   asynclock/backends/redis.py  _Waiter (subscribe to the client's inbox; dequeue on
+ *   asynclock/backends/redis/pubsub.py  Waiter (subscribe to the client's inbox; dequeue on
  *       giving up)
  *
  * Process 1 holds the lock at the start; waiters 2 .. W+1 each want it once. A waiter

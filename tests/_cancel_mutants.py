@@ -49,7 +49,7 @@ MUTANTS = (
         "release without owner check: the release script deletes whoever holds the lock",
         (
             (
-                "backends/_scripts.py",
+                "backends/redis/scripts.py",
                 "local id = redis.sha1hex(ARGV[1])\n"
                 "if redis.call('GET', KEYS[1]) == ARGV[1] then\n",
                 "local id = redis.sha1hex(ARGV[1])\nif redis.call('GET', KEYS[1]) then\n",
@@ -87,11 +87,11 @@ MUTANTS = (
         "fence not incremented (Redis): the fence script neither adds one nor reads the clock",
         (
             (
-                "backends/_scripts.py",
+                "backends/redis/scripts.py",
                 "  local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])\n",
                 "  local fence = 1\n",
             ),
-            ("backends/_scripts.py", "    fence = last + 1\n", "    fence = last\n"),
+            ("backends/redis/scripts.py", "    fence = last + 1\n", "    fence = last\n"),
         ),
     ),
 )

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from asynclock import _engine, _lock
-from asynclock.backends import _scripts
 from asynclock.backends.base import Attempt, Backend
 from asynclock.backends.redis import RedisBackend
+from asynclock.backends.redis import scripts as _scripts
 from tests.chaos import ChaosReport, Fault, ScenarioSkipped, run_scenario, scenario
 
 from .sim.mutants import Mutant, apply
@@ -299,7 +299,7 @@ PLANTED: tuple[Planted, ...] = (
             "a release wakes no waiter (they find the lock free at their next backoff step)",
             (
                 (
-                    "backends/_scripts.py",
+                    "backends/redis/scripts.py",
                     "  remember(KEYS[7], id, now_ms(), tonumber(ARGV[2]))\n"
                     "  hand_on(KEYS[2], id, KEYS[3], KEYS[4], KEYS[5], KEYS[6])\n",
                     "  remember(KEYS[7], id, now_ms(), tonumber(ARGV[2]))\n",
@@ -317,12 +317,12 @@ PLANTED: tuple[Planted, ...] = (
             "a grant's fence is the counter as it was (not one more, not the server's time)",
             (
                 (
-                    "backends/_scripts.py",
+                    "backends/redis/scripts.py",
                     "  local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])\n",
                     "  local fence = 0\n",
                 ),
                 (
-                    "backends/_scripts.py",
+                    "backends/redis/scripts.py",
                     "    fence = last + 1\n",
                     "    fence = math.max(last, 1)\n",
                 ),

@@ -21,7 +21,7 @@ from pytest_asynclock.proxy import FaultProxy
 
 import asynclock
 from asynclock.backends import Attempt, Claim, RedisBackend
-from asynclock.backends.redis import _Subscriber
+from asynclock.backends.redis.pubsub import Subscriber as _Subscriber
 from tests.conftest import eventually, redis_backend
 
 

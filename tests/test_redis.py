@@ -20,8 +20,8 @@ from redis.asyncio import Redis
 import asynclock
 from asynclock import BackendError, Backoff, LockLost, LockTimeout
 from asynclock.backends import Claim, RedisBackend
-from asynclock.backends._resp import Pipe
 from asynclock.backends.redis import LINGER
+from asynclock.backends.redis.pipe import Pipe
 
 from .conftest import eventually, interrupted_aclose, redis_backend
 

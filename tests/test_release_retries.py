@@ -18,8 +18,8 @@ from redis.asyncio import Redis
 import asynclock
 from asynclock import LockNotOwned, LockTimeout
 from asynclock.backends import RedisBackend
-from asynclock.backends._scripts import RELEASED_CAP
 from asynclock.backends.redis import Call, Keys
+from asynclock.backends.redis.scripts import RELEASED_CAP
 
 from .conftest import MakeCoord, eventually, redis_backend
 

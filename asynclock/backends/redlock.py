@@ -16,7 +16,8 @@ Every operation fans out to all nodes at once (``asyncio.gather``), each node bo
 - extend: compare-and-extend everywhere; a majority must confirm.
 - release: compare-and-delete everywhere, including nodes that timed out earlier.
 
-The scripts are the single-node ones (:mod:`._scripts`), plus the fence write-back.
+The scripts are the single-node ones (:mod:`.redis.scripts`), plus the fence write-back.
+Each node is a :class:`~.redis.RedisBackend`, used through its public members only.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -41,13 +42,14 @@ from .._errors import BackendError, QuorumError
 from .._tasks import TaskSet
 from .._validate import check_number
 from .._wakeup import Mailbox, WakeHub, WakeSlot
-from ._resp import Pipe, pack
 from .base import Attempt, Backend, Claim, LockInfo, owner_of
 from .redis import Call, Keys, RedisBackend, client_from_url
+from .redis.pipe import pack
 
 __all__ = ("RedlockBackend",)
 
 T = TypeVar("T")
+N = TypeVar("N", int, float)
 
 _BACKEND_OPTIONS = ("prefix", "fence_retention", "clock", "drift_factor", "drift_base")
 # Rounds of an acquire before too many failed or late nodes make it a QuorumError.
@@ -99,10 +101,12 @@ class RedlockBackend(Backend):
             for client in clients
         ]
         self.quorum = len(self._nodes) // 2 + 1
+        # Every count of nodes against the majority is made by this one object.
+        self._majority = _Majority(len(self._nodes), self.quorum)
         # One hub for every node's wake-ups: a release counts once a majority announced it.
         self._hub = WakeHub(quorum=self.quorum)
         for node in self._nodes:
-            node._share_hub(self._hub)
+            node.share_hub(self._hub)
         self._owns_clients = False
         # Node operations still running after their fan-out was decided.
         # Per-node requests (stragglers finish here after the outcome was decided) and
@@ -196,7 +200,7 @@ class RedlockBackend(Backend):
                         yes += 1
                     elif _refuses(reply, wanted, refused):
                         no += 1
-                if yes >= self.quorum or no > len(self._nodes) - self.quorum:
+                if self._majority.decided(yes, no):
                     break
         except BaseException:
             expired.cancel()
@@ -223,19 +227,17 @@ class RedlockBackend(Backend):
         otherwise (TLS, a node connecting) it goes through :meth:`_each`.
         """
         targets = self._nodes if nodes is None else nodes
-        links = [node._link for node in targets]
-        protos = [link.ready() if isinstance(link, Pipe) else None for link in links]
-        if not targets or any(proto is None for proto in protos):
+        senders = [node.sender() for node in targets]
+        if not targets or any(send is None for send in senders):
             return await self._each(
                 lambda node: node.run(call), targets, wanted=wanted, refused=refused
             )
         script, numkeys, args = call
         packed = pack(("EVALSHA", script.sha, numkeys, *args))
-        tally = _Tally(len(targets), self.quorum, len(self._nodes), wanted, refused)
-        for i, (link, proto) in enumerate(zip(links, protos, strict=True)):
-            assert isinstance(link, Pipe)
-            assert proto is not None
-            link.request(proto, packed, functools.partial(tally.settle, i))
+        tally = _Tally(len(targets), self._majority, wanted, refused)
+        for i, send in enumerate(senders):
+            assert send is not None
+            send(packed, functools.partial(tally.settle, i))
         timer = asyncio.get_running_loop().call_later(self.node_timeout, tally.expire)
         try:
             await tally.decided
@@ -317,7 +319,7 @@ class RedlockBackend(Backend):
         # and a real outage still fails within a few node timeouts.
         for round_ in range(_QUORUM_ROUNDS):
             attempt, failed = await self._acquire_once(claim, ttl)
-            if failed <= len(self._nodes) - self.quorum:
+            if self._majority.tolerates(failed):
                 return attempt
             if round_ < _QUORUM_ROUNDS - 1:
                 await asyncio.sleep(random.random() * self.node_timeout)  # noqa: S311
@@ -347,18 +349,18 @@ class RedlockBackend(Backend):
             if isinstance(reply, int) and reply > 0
         ]
         failed = sum(isinstance(reply, Exception) for reply in replies)
-        if len(granted) >= self.quorum:
+        if self._majority.reached(len(granted)):
             fence = max(reply for _, reply in granted)
             behind = [node for node, reply in granted if reply < fence]
             stored = len(granted) - len(behind)  # nodes whose counter already is the fence
-            if behind and stored < self.quorum:
+            if behind and not self._majority.reached(stored):
                 confirms = await self._script(
                     first.raise_fence_call(keys, value, fence, ttl), behind, wanted=_one
                 )
                 stored += sum(_one(confirm) for confirm in confirms)
                 failed += sum(isinstance(confirm, Exception) for confirm in confirms)
             left = ttl - (self.clock.now() - start) - self.drift(ttl)
-            if stored >= self.quorum and left > 0:
+            if self._majority.reached(stored) and left > 0:
                 return Attempt(fence), 0
         # No majority: give back at once what we took, on every node (one that timed out
         # may have taken it all the same), so that our retry does not block itself. Nodes
@@ -404,7 +406,7 @@ class RedlockBackend(Backend):
             for reply in replies
             if isinstance(reply, int) and reply <= 0
         )
-        needed = self.quorum - free
+        needed = self._majority.missing(free)
         if needed <= 0 or needed > len(held) or math.isinf(held[needed - 1]):
             return None
         return held[needed - 1]
@@ -422,11 +424,9 @@ class RedlockBackend(Backend):
 
     def _verdict(self, results: Sequence[object]) -> bool | None:
         """True if a majority confirmed, False if so many refused that none can, else None."""
-        if sum(_one(result) for result in results) >= self.quorum:
-            return True
-        if sum(_zero(result) for result in results) > len(self._nodes) - self.quorum:
-            return False
-        return None
+        return self._majority.verdict(
+            sum(_one(result) for result in results), sum(_zero(result) for result in results)
+        )
 
     async def extend_many(self, items: Sequence[tuple[Claim, float]]) -> list[bool | None]:
         batch = [(self._keys(claim), claim.value, ttl) for claim, ttl in items]
@@ -458,20 +458,20 @@ class RedlockBackend(Backend):
         holders = Counter(value for value, _, _ in found)
         if holders:
             value, count = holders.most_common(1)[0]
-            if count >= self.quorum:
+            if self._majority.reached(count):
                 mine = [r for r in found if r[0] == value]
                 # Held while a majority holds it: until the quorum-th longest TTL ends.
-                expires_in = sorted((left for _, left, _ in mine), reverse=True)[self.quorum - 1]
+                expires_in = self._majority.agreed([left for _, left, _ in mine])
                 # The holder's fence is on a majority (the grant waits for that); a node
                 # that granted late may still show an older, smaller counter.
-                fence = sorted((counter for _, _, counter in mine), reverse=True)[self.quorum - 1]
+                fence = self._majority.agreed([counter for _, _, counter in mine])
                 return LockInfo(name, owner_of(value), expires_in, fence)
-        if failed > len(self._nodes) - self.quorum:
+        if not self._majority.tolerates(failed):
             raise self._no_quorum("inspect", failed)
         return None
 
     def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
-        return _RedlockWaiter(self, self._nodes[0].channel(name))
+        return _RedlockWaiter(self._hub, self._each, self._tasks, self._nodes[0].channel(name))
 
     async def publish(self, topic: str, message: str) -> None:
         # Every node that answers in time carries it; listeners hear it once per node
@@ -486,10 +486,10 @@ class RedlockBackend(Backend):
         mailbox = Mailbox()
         channel = self._nodes[0].topic_channel(topic)
         for node in self._nodes:
-            node._subscriber.deliver(channel, mailbox)
+            node.subscriber.deliver(channel, mailbox)
         subscribed: list[RedisBackend] = []
         try:
-            results = await self._each(lambda node: node._subscriber.subscribe(channel))
+            results = await self._each(lambda node: node.subscriber.subscribe(channel))
             subscribed = [
                 node
                 for node, result in zip(self._nodes, results, strict=True)
@@ -498,10 +498,10 @@ class RedlockBackend(Backend):
             yield mailbox
         finally:
             for node in self._nodes:
-                node._subscriber.undeliver(channel, mailbox)
+                node.subscriber.undeliver(channel, mailbox)
             with contextlib.suppress(BackendError):
                 await self._each(
-                    lambda node: node._subscriber.unsubscribe(channel, confirm=False), subscribed
+                    lambda node: node.subscriber.unsubscribe(channel, confirm=False), subscribed
                 )
 
     async def aclose(self) -> None:
@@ -519,8 +519,59 @@ class RedlockBackend(Backend):
         return all(node.ordered_after_cancel() for node in self._nodes)
 
     def describe(self) -> str:
-        where = ", ".join(node._where[len("Redis ") :] for node in self._nodes)
+        where = ", ".join(node.address for node in self._nodes)
         return f"RedlockBackend {len(self._nodes)} nodes ({where})"
+
+
+class _Majority:
+    """``quorum`` of ``nodes``, and what a count of their replies decides: the one place
+    where Redlock counts (acquire, fence write-back, extend, release, inspect, and
+    every fan-out that returns once the outcome is decided)."""
+
+    __slots__ = ("_spare", "quorum")
+
+    def __init__(self, nodes: int, quorum: int) -> None:
+        self.quorum = quorum
+        # How many nodes may fail, refuse or be late with a majority still possible.
+        self._spare = nodes - quorum
+
+    def reached(self, yes: int) -> bool:
+        """``yes`` nodes are a majority."""
+        return yes >= self.quorum
+
+    def tolerates(self, failed: int) -> bool:
+        """A majority is still possible with ``failed`` nodes out."""
+        return failed <= self._spare
+
+    def decided(self, yes: int, no: int) -> bool:
+        """Whether ``yes`` nodes for and ``no`` against settle the outcome."""
+        return yes >= self.quorum or no > self._spare
+
+    def verdict(self, yes: int, no: int) -> bool | None:
+        """True with a majority for, False once one can no longer be reached, else None."""
+        if yes >= self.quorum:
+            return True
+        if no > self._spare:
+            return False
+        return None
+
+    def missing(self, yes: int) -> int:
+        """How many more nodes ``yes`` needs to be a majority (<= 0: none)."""
+        return self.quorum - yes
+
+    def agreed(self, values: Sequence[N]) -> N:
+        """The largest value that a majority of ``values`` (one per node, at least a
+        majority of them) reach: their ``quorum``-th largest."""
+        return sorted(values, reverse=True)[self.quorum - 1]
+
+
+class _Each(Protocol):
+    """The backend's fan-out, as a waiter uses it: ``op`` on every node (or on ``nodes``)
+    at once, each bounded by the node timeout; a node's error or lateness is its result."""
+
+    def __call__(
+        self, op: Callable[[RedisBackend], Awaitable[T]], nodes: Sequence[RedisBackend] | None = ...
+    ) -> Awaitable[list[T | BackendError | TimeoutError | None]]: ...
 
 
 class _Rounds:
@@ -566,9 +617,8 @@ class _Tally:
     """Replies of one fan-out as they arrive, and whether the outcome is decided yet."""
 
     __slots__ = (
+        "_majority",
         "_no",
-        "_nodes",
-        "_quorum",
         "_refused",
         "_settled",
         "_wanted",
@@ -580,15 +630,13 @@ class _Tally:
     def __init__(
         self,
         n: int,
-        quorum: int,
-        nodes: int,
+        majority: _Majority,
         wanted: Callable[[object], bool] | None,
         refused: Callable[[object], bool] | None,
     ) -> None:
         self.results: list[Any] = [None] * n
         self._settled = [False] * n
-        self._quorum = quorum
-        self._nodes = nodes
+        self._majority = majority
         self._wanted = wanted
         self._refused = refused
         self._yes = self._no = 0
@@ -604,7 +652,7 @@ class _Tally:
                 self._yes += 1
             elif _refuses(reply, self._wanted, self._refused):
                 self._no += 1
-            if self._yes >= self._quorum or self._no > self._nodes - self._quorum:
+            if self._majority.decided(self._yes, self._no):
                 self._decide()
         if all(self._settled):
             self._decide()
@@ -664,38 +712,41 @@ def _granted(reply: object) -> bool:
 
 
 class _RedlockWaiter:
-    """A hub slot, then a subscription on every node that answers within node_timeout.
+    """A slot in ``hub`` for ``channel``, then a subscription to it on every node that
+    answers within the node timeout (``each``, the backend's fan-out).
 
     Nodes that are down do not hold the waiter up: a majority of them announcing a
-    release is what wakes it, and the backoff covers the rest.
+    release is what wakes it, and the backoff covers the rest. Unsubscribes that must
+    not hold the caller up go on in ``tasks``.
     """
 
-    __slots__ = ("_backend", "_channel", "_slot", "_subscribed")
+    __slots__ = ("_channel", "_each", "_hub", "_slot", "_subscribed", "_tasks")
 
-    def __init__(self, backend: RedlockBackend, channel: str) -> None:
-        self._backend = backend
+    def __init__(self, hub: WakeHub, each: _Each, tasks: TaskSet, channel: str) -> None:
+        self._hub = hub
+        self._each = each
+        self._tasks = tasks
         self._channel = channel
         self._slot: WakeSlot | None = None
         self._subscribed: list[RedisBackend] = []
 
     async def __aenter__(self) -> WakeSlot:
-        backend = self._backend
-        slot = self._slot = backend._hub.register(self._channel)
+        slot = self._slot = self._hub.register(self._channel)
         channel = self._channel
         subscribed: list[RedisBackend] = []
 
         async def subscribe(node: RedisBackend) -> None:
-            await node._subscriber.subscribe(channel)
+            await node.subscriber.subscribe(channel)
             subscribed.append(node)
 
         try:
-            await backend._each(subscribe)
+            await self._each(subscribe)
         except BaseException:
-            backend._hub.unregister(slot)
+            self._hub.unregister(slot)
             # Cancelled while a slow node had yet to confirm: the nodes that did keep a
             # reference each (the channel would stay subscribed for good). Drop them.
             if subscribed:
-                backend._tasks.spawn_unless_closed(
+                self._tasks.spawn_unless_closed(
                     self._unsubscribe(subscribed, confirm=False),
                     name=f"asynclock-redlock-unsubscribe:{channel}",
                 )
@@ -710,14 +761,14 @@ class _RedlockWaiter:
         tb: TracebackType | None,
     ) -> None:
         assert self._slot is not None
-        self._backend._hub.unregister(self._slot)
+        self._hub.unregister(self._slot)
         subscribed, self._subscribed = self._subscribed, []
         if exc_type is None:
             await self._unsubscribe(subscribed, confirm=False)
             return
         # Giving up (timed out, cancelled): the unsubscribes go on in the background, so
         # that silent nodes do not hold the caller's LockTimeout or cancel back.
-        self._backend._tasks.spawn_unless_closed(
+        self._tasks.spawn_unless_closed(
             self._unsubscribe(subscribed, confirm=True),
             name=f"asynclock-redlock-unsubscribe:{self._channel}",
         )
@@ -726,6 +777,6 @@ class _RedlockWaiter:
     async def _unsubscribe(self, nodes: list[RedisBackend], *, confirm: bool) -> None:
         channel = self._channel
         with contextlib.suppress(BackendError):
-            await self._backend._each(
-                lambda node: node._subscriber.unsubscribe(channel, confirm=confirm), nodes
+            await self._each(
+                lambda node: node.subscriber.unsubscribe(channel, confirm=confirm), nodes
             )

@@ -183,7 +183,7 @@ MUTANTS = (
     Mutant(
         "fence-not-incremented",
         "the acquire scripts repeat a fence counter that is ahead of the server's clock",
-        (("backends/_scripts.py", "    fence = last + 1\n", "    fence = last\n"),),
+        (("backends/redis/scripts.py", "    fence = last + 1\n", "    fence = last\n"),),
         kind="redlock",
     ),
     Mutant(
@@ -191,7 +191,7 @@ MUTANTS = (
         "the release script deletes the lock without checking who holds it",
         (
             (
-                "backends/_scripts.py",
+                "backends/redis/scripts.py",
                 "if redis.call('GET', KEYS[1]) == ARGV[1] then\n  redis.call('DEL', KEYS[1])\n",
                 "if redis.call('GET', KEYS[1]) then\n  redis.call('DEL', KEYS[1])\n",
             ),

@@ -9,7 +9,7 @@ counting and validity are the shipped code; the nodes (:mod:`tests.sim.redis_nod
 the shipped Lua scripts; the connections between them are :mod:`tests.sim.wire`'s.
 
 What is not the shipped environment, and why: the clients' ``time`` in
-:mod:`asynclock.backends._resp` (the socket-timeout watch) and
+:mod:`asynclock.backends.redis.pipe` (the socket-timeout watch) and
 :mod:`asynclock.backends.redlock` (the fence floor) reads virtual time, and the random
 tokens (``secrets.token_hex``) come from the seed, so that a seed stays a recording.
 
@@ -34,11 +34,13 @@ from typing import TYPE_CHECKING, Any
 from unittest import mock
 
 from asynclock import Coordinator
-from asynclock.backends import _resp, _scripts, redlock
 from asynclock.backends import base as backend_base
-from asynclock.backends import redis as redis_backend
+from asynclock.backends import redlock
 from asynclock.backends.base import Claim
 from asynclock.backends.redis import RedisBackend
+from asynclock.backends.redis import backend as redis_backend
+from asynclock.backends.redis import pipe as _resp
+from asynclock.backends.redis import scripts as _scripts
 from asynclock.backends.redlock import RedlockBackend
 
 from .invariants import ABANDONED_ROUND

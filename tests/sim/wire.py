@@ -1,7 +1,7 @@
 """Simulated TCP between the real Redis clients and simulated Redis nodes.
 
 The simulation loop's ``create_connection`` (:meth:`tests.sim.loop.SimLoop.create_connection`)
-lands here: asynclock's pipelined connections (:mod:`asynclock.backends._resp`) and
+lands here: asynclock's pipelined connections (:mod:`asynclock.backends.redis.pipe`) and
 redis-py's own (the pub/sub connection) get a :class:`SimTransport` whose writes carry
 RESP bytes to a node and whose replies come back as RESP bytes to the client's protocol,
 each message with the seed's delay, in order per connection (like TCP). A connection's

@@ -30,7 +30,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ("Pipe", "StaleConnection", "pipe_for")
+__all__ = ("Callback", "Pipe", "StaleConnection", "pack", "pipe_for")
 
 Callback = Callable[[Any], None]
 
