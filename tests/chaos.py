@@ -437,6 +437,9 @@ class WorkerSummary:
     """Of those, refused (``LockNotOwned``: the lease is lost)."""
     extend_errors: int = 0
     """Of those, failed (``BackendError``: outcome unknown, the lease stays held)."""
+    samples_straddled: int = 0
+    """Expiry samples not judged: an ``extend()`` of the lease ran while the server was
+    read (see :class:`_Sampler`)."""
     releases: list[list[Any]] = field(default_factory=list)
     """``[name, fence, time]`` of each section whose block then released the lock without
     an error, ``time.time()`` as the body ended (the release request left then)."""
@@ -598,6 +601,7 @@ class ChaosReport:
     extends: int = 0
     extends_refused: int = 0
     extend_errors: int = 0
+    samples_straddled: int = 0
     first_seen: dict[str, float] = field(default_factory=dict)
     """Per property of these checks (``belief-vs-server``, ``renewal-headroom``,
     ``loss-ceiling``, ``handoff-p99``) that failed, the seconds after the start of the
@@ -702,7 +706,8 @@ class ChaosReport:
             f"faults-ok={sum(o.satisfied() for o in self.faults)}/{len(self.faults)}\n"
             f"  server clock x{self.clock_rate:g} (measured "
             f"{', '.join(f'x{r:.4f}' for r in self.clock_rates) or '-'}) "
-            f"samples={self.samples} beyond-server={self.belief_violations} "
+            f"samples={self.samples} (straddling an extend, not judged: "
+            f"{self.samples_straddled}) beyond-server={self.belief_violations} "
             f"(excused {self.belief_excused}) late-renewals={self.late_renewals} "
             f"lost-outside-faults={self.losses_outside}/{self.loss_ceiling} "
             f"handoff-p99={self.handoff_p99 * 1000:.1f}ms/{self.handoff_bound * 1000:.0f}ms "
@@ -976,6 +981,7 @@ class _Sampler:
         self.prefix = prefix
         self.timeout = timeout
         self.samples: list[list[Any]] = []
+        self.straddled = 0
 
     async def aclose(self) -> None:
         for client in self.clients:
@@ -991,6 +997,12 @@ class _Sampler:
     async def sample(self, lease: Any, name: str, kind: str, held: _Held) -> None:
         if not lease.held:
             return
+        # An extend() that runs while the server is read can lower the lease's belief
+        # (an outcome-unknown attempt, whose shorter TTL a node may already have) and
+        # then raise it again (a later attempt confirmed): the belief at the moment a
+        # node was read is then neither the one before nor the one after, and the
+        # sample is not judged (the sample right after each extend() covers it).
+        extends = held.extending, held.extends
         loop = asyncio.get_running_loop()
         key = f"{self.prefix}:{{{name}}}"
         sent = loop.time()
@@ -999,6 +1011,9 @@ class _Sampler:
             *(self._read(script, key, lease.token) for script in self.scripts)
         )
         replied = loop.time()
+        if extends[0] or (held.extending, held.extends) != extends:
+            self.straddled += 1
+            return
         belief = min(sent + left, replied + lease.expires_in)
         what = [name, lease.fence, kind, sent, replied, belief, lease.ttl, left]
         self.samples.append([*what, held.confirmed, held.doubted, nodes])
@@ -1023,6 +1038,10 @@ class _Held:
     """Monotonic time its last confirmation known here was requested."""
     doubted: bool = False
     """An ``extend()`` of it failed with its outcome unknown."""
+    extends: int = 0
+    """``extend()`` calls of it begun so far."""
+    extending: bool = False
+    """An ``extend()`` of it is on its way (between its first attempt and its end)."""
 
 
 class _Worker:
@@ -1119,6 +1138,7 @@ class _Worker:
                 await probe.aclose()
             if self.sampler is not None:
                 self.summary.samples = self.sampler.samples
+                self.summary.samples_straddled = self.sampler.straddled
                 await self.sampler.aclose()
             for client in clients:
                 await client.aclose()
@@ -1273,14 +1293,25 @@ class _Worker:
         outcome unknown (``BackendError``: during a fault) is tried again a few times
         while the lease is held, as an application would (so an extend also reaches a
         server that came back, before the watchdog's backed-off renewal does)."""
+        ttl = self.config.ttl * self.rng.uniform(*_EXTEND_TTLS)
+        known.extends += 1
+        known.extending = True
+        try:
+            confirmed = await self._extend_tries(lease, ttl, holder, known)
+        finally:
+            known.extending = False
+        if confirmed and self.sampler is not None:
+            await self.sampler.sample(lease, name, "extend", known)
+
+    async def _extend_tries(self, lease: Any, ttl: float, holder: str, known: _Held) -> bool:
+        """The tries of one ``extend()``: True once one is confirmed, False if none was."""
         from asynclock import BackendError, LockNotOwned  # noqa: PLC0415
 
-        ttl = self.config.ttl * self.rng.uniform(*_EXTEND_TTLS)
         for attempt in range(_EXTEND_TRIES):
             if attempt:
                 await asyncio.sleep(self.rng.uniform(0.02, 0.08))
                 if not lease.held:
-                    return
+                    return False
             asked = time.monotonic()
             self.summary.extends += 1
             try:
@@ -1294,12 +1325,9 @@ class _Worker:
                 self.summary.extends_refused += 1
                 self.event(f"extend-refused {holder}@{lease.fence}")
                 raise
-            break
-        else:
-            return
-        known.confirmed = asked
-        if self.sampler is not None:
-            await self.sampler.sample(lease, name, "extend", known)
+            known.confirmed = asked
+            return True
+        return False
 
     async def _failed(self, exc: Exception, coord: Any, patience: float, held: str) -> None:
         from asynclock import (  # noqa: PLC0415
@@ -2731,6 +2759,7 @@ def _server_checks(
         "handoff_p99": handoff_p99,
         "handoff_bound": bound,
         "extends": sum(s.extends for s in summaries),
+        "samples_straddled": sum(s.samples_straddled for s in summaries),
         "extends_refused": sum(s.extends_refused for s in summaries),
         "extend_errors": sum(s.extend_errors for s in summaries),
         "first_seen": first_seen,
