@@ -443,7 +443,8 @@ class TestGivingUpKeepsTheDeadline:
         """The server goes silent while an acquire waits: its LockTimeout comes at its
         deadline. A giving-up waiter waited up to 0.2 s for its leave (Redlock: up to the
         node timeout for its unsubscribes) before raising; the leave now goes on in the
-        background. (The least lateness of three tries: a bug shows in every try.)"""
+        background. (The least lateness of three tries that saw the acquire wait: a bug shows
+        in every try.)"""
         if kind == "redis":
             urls = [request.getfixturevalue("asynclock_redis_url")]
         else:
@@ -456,8 +457,10 @@ class TestGivingUpKeepsTheDeadline:
             other = await stack.enter_async_context(
                 asynclock.connect(other_target, prefix=namespace)
             )
-            lateness = []
-            for trial in range(3):
+            lateness: list[float] = []
+            for trial in range(9):
+                if len(lateness) == 3:
+                    break
                 options = {} if kind == "redis" else {"node_timeout": 0.25}
                 coord = asynclock.connect(target, prefix=namespace, **options)
                 holder = await other.lock(f"x{trial}", ttl=30).acquire()
@@ -466,7 +469,14 @@ class TestGivingUpKeepsTheDeadline:
                 waiting = asyncio.create_task(
                     coord.lock(f"x{trial}", ttl=30, timeout=0.5).acquire()
                 )
-                assert await eventually(functools.partial(_waiting_one, coord))
+                if not await eventually(functools.partial(_waiting_one, coord)):
+                    # A loaded machine: the acquire timed out before it was seen waiting.
+                    # That trial says nothing about a silent server; try another.
+                    with pytest.raises(asynclock.LockTimeout):
+                        await waiting
+                    await coord.aclose()
+                    await holder.release()
+                    continue
                 for proxy in proxies:
                     proxy.blackhole()
                 with pytest.raises(asynclock.LockTimeout):
@@ -476,4 +486,5 @@ class TestGivingUpKeepsTheDeadline:
                     proxy.heal()
                 await coord.aclose()
                 await holder.release()
+        assert lateness, "no try saw the acquire waiting before its deadline"
         assert min(lateness) < 0.1, f"LockTimeout came {min(lateness):.3f}s after its deadline"

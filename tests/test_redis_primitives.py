@@ -468,6 +468,12 @@ class TestAcl:
 
 class TestClusterAndRedlock:
     @pytest.mark.parametrize("asynclock_cluster", [0], indirect=True)
+    # redis-py's cluster client can drop a node object (a slot-map refresh on a loaded
+    # machine) with a connection it made in acquire_connection() and never closed: that
+    # connection warns when collected, outside anything asynclock holds or closes.
+    @pytest.mark.filterwarnings(
+        "ignore:unclosed Connection <redis.asyncio.connection.Connection:ResourceWarning"
+    )
     async def test_contention_on_a_healthy_cluster_loses_nothing(
         self, asynclock_cluster: ClusterSetup
     ) -> None:
