@@ -100,7 +100,7 @@ def _shown(target: str | list[str]) -> str:
 _NO_SUITE = (
     "asynclock bench runs the benchmark suite (floors, peer libraries, embedded servers) "
     "that lives in asynclock's source repository, not in the installed package: in a "
-    "clone, pip install -e ./plugin -e '.[bench]' and run asynclock bench there"
+    "clone, pip install -e '.[bench]' -e ./plugin and run asynclock bench there"
 )
 EMBEDDED_HINT = "pip install 'asynclock[embedded]'"
 

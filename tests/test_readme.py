@@ -113,10 +113,10 @@ def test_ci_runs_the_readme_test_command() -> None:
     command = next(
         line
         for line in README.splitlines()
-        if "pip install -e ./plugin -e '.[test]'" in line and "pytest" in line
+        if "pip install -e '.[test]' -e ./plugin" in line and "pytest" in line
     )
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "pip install -e ./plugin -e '.[test]'" in ci
+    assert "pip install -e '.[test]' -e ./plugin" in ci
     assert command.split("&&")[-1].strip().replace(".venv/bin/", "") in ci
 
 
