@@ -117,8 +117,7 @@ def _add_bench(commands: Any) -> None:
             "bench", help="benchmark asynclock (from a clone of its repository)"
         )
         bench.description = _NO_SUITE
-        bench.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-        bench.set_defaults(handler=_no_suite)
+        bench.set_defaults(handler=_no_suite)  # its options are the suite's: see main()
         return
     bench = commands.add_parser(
         "bench", help="benchmark asynclock against raw floors and peer libraries"
@@ -505,7 +504,10 @@ def guarded(call: Callable[[], int], urls: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``asynclock`` command; returns the exit code (see the module docstring)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and getattr(args, "handler", None) is not _no_suite:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "inspect":
         args.url_given = args.url is not None
         if args.url is None:

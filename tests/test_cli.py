@@ -167,6 +167,21 @@ class TestErrors:
 
 
 class TestBench:
+    def test_without_the_repository_suite_it_says_where_the_suite_is(self) -> None:
+        """An installed asynclock (no benchmarks/ on the path) has a bench command that
+        exits 2 and names where the suite lives, instead of failing to import it."""
+        script = (
+            "import sys\n"
+            "sys.modules['benchmarks'] = None  # as in an installed wheel\n"
+            "from asynclock.cli import main\n"
+            "sys.exit(main(['bench', '--quick']))\n"
+        )
+        done = subprocess.run(  # noqa: S603 - our own interpreter and a fixed script
+            [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2, done.stderr
+        assert "source repository" in done.stderr, done.stderr
+
     def test_quick_writes_json_table_and_chart(
         self, asynclock_redis_url: str, tmp_path: Path
     ) -> None:
