@@ -19,7 +19,7 @@ from ._engine import Engine
 from ._lock import Lease, Lock, ReadWriteLock
 from ._stats import CoordinatorStats
 from ._validate import check_name, check_timeout, check_ttl
-from .backends.base import Backend, LockInfo
+from .backends.base import Backend, Kind, LockInfo
 from .backends.memory import MemoryBackend
 
 __all__ = ("Coordinator", "connect")
@@ -120,11 +120,11 @@ class Coordinator:
         """
         common = self._check(name, ttl, timeout, retry, renew, cancel_on_lost, shared, fair)
         if shared:
-            self._require("supports_shared", "shared=True")
+            self._require(Kind.SHARED, "shared=True")
         if fair and shared:
             raise ValueError("fair=True is for exclusive locks, not shared=True")
         if fair:
-            self._require("supports_fair", "fair=True")
+            self._require(Kind.FAIR, "fair=True")
         return Lock(self._engine, name, **common, shared=shared, fair=fair)
 
     def semaphore(
@@ -151,7 +151,7 @@ class Coordinator:
         if not 1 <= limit <= _MAX_PERMITS:
             raise ValueError(f"limit must be from 1 to {_MAX_PERMITS}, got {limit}")
         common = self._check(name, ttl, timeout, retry, renew, cancel_on_lost)
-        self._require("supports_semaphore", "semaphores")
+        self._require(Kind.PERMIT, "semaphores")
         return Lock(self._engine, name, **common, shared=False, limit=limit)
 
     def rwlock(
@@ -173,7 +173,7 @@ class Coordinator:
         :meth:`lock`'s, for both sides.
         """
         common = self._check(name, ttl, timeout, retry, renew, cancel_on_lost)
-        self._require("supports_shared", "read-write locks")
+        self._require(Kind.SHARED, "read-write locks")
         engine = self._engine
         read, write = (Lock(engine, name, **common, shared=shared) for shared in (True, False))
         return ReadWriteLock(name, read, write)
@@ -204,8 +204,8 @@ class Coordinator:
             "retry": retry,
         }
 
-    def _require(self, flag: str, what: str) -> None:
-        if not getattr(self._backend, flag):
+    def _require(self, kind: Kind, what: str) -> None:
+        if kind not in self._backend.kinds:
             raise ValueError(
                 f"{what} {'is' if what.endswith('True') else 'are'} not supported by "
                 f"{type(self._backend).__name__} (supported: memory, Redis, PostgreSQL)"

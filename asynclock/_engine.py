@@ -27,7 +27,7 @@ from ._tasks import TaskSet
 from ._validate import check_name
 from ._wakeup import Mailbox, WakeSlot
 from ._watchdog import Renewable, Watch, Watchdog
-from .backends.base import Backend, Claim, LockInfo
+from .backends.base import Backend, Claim, Interrupted, LockInfo
 
 __all__ = ("Engine", "HeldLease")
 
@@ -91,6 +91,8 @@ class Engine(Generic[L]):
         # Acquires on their way: aclose() lets them give back what they were granted
         # before it closes the backend.
         self._in_flight = 0
+        # The longest GiveBack.late the backend has answered (see _release_task).
+        self._late = 0.0
         self._drained: asyncio.Event | None = None
 
     @property
@@ -219,48 +221,36 @@ class Engine(Generic[L]):
         the backend is closing, and what it took ends by its TTL)."""
         self.tasks.spawn_unless_closed(coro, name=name)
 
-    def release_in_background(
-        self,
-        claim: Claim,
-        ttl: float,
-        lease: L | None = None,
-        *,
-        in_flight: bool = False,
-        error: BaseException | None = None,
-    ) -> None:
+    def release_in_background(self, claim: Claim, ttl: float, lease: L | None = None) -> None:
         """Delete ``claim``'s lock on the server in the background, if it still holds it.
 
-        Used after a cancelled or failed acquire (the grant may have landed), a failed or
-        cancelled release, and a loss. Retries with backoff until the server answers or
-        ``ttl`` has passed (by then the server dropped the lock itself). A ``lease``
-        still held when the server confirms is marked released.
-
-        ``in_flight``: the acquire request was interrupted on its way. It may have joined
-        a waiter queue (left here too), and on a backend whose requests can overtake each
-        other (:meth:`Backend.straggle` > 0: a reconnect, another pooled connection, a
-        proxy) it may still land after this release found nothing. Then the give-back
-        looks again at growing intervals (up to 1 s) for ``ttl`` plus that straggle
-        time: a late grant is given back within a second of landing. Not after a plain
-        cancel on a connection that keeps order (``error``; the pipelined Redis link).
+        Used after a failed or cancelled release, a dropped lease, a loss, and a grant no
+        Lease was made for. Retries with backoff until the server answers or ``ttl`` has
+        passed (by then the server dropped the lock itself). A ``lease`` still held when
+        the server confirms is marked released.
         """
-        backend = self.backend
-        ordered = isinstance(error, asyncio.CancelledError) and backend.ordered_after_cancel()
-        straggle = backend.straggle() if in_flight and not ordered else 0.0
-        self.spawn(
-            self._release_task(claim, ttl, lease, in_flight=in_flight, straggle=straggle),
-            name=f"asynclock-discard:{claim.name}",
-        )
+        self.spawn(self._release_task(claim, ttl, lease), name=f"asynclock-discard:{claim.name}")
 
-    def leave_in_background(self, claim: Claim) -> None:
-        """Leave the waiter queue ``claim`` joined, in the background (a waiter that
-        stopped before it could wait: its place would keep others out until it lapses).
-        Also while closing: aclose() waits for it (bounded) before closing the backend."""
-        self.spawn(self._leave_task(claim), name=f"asynclock-leave:{claim.name}")
+    def give_back_in_background(self, claim: Claim, ttl: float, interrupted: Interrupted) -> None:
+        """Undo, in the background, what an acquire that stopped without a lease may have
+        left on the server (:meth:`Backend.give_back`): its place in a waiter queue after
+        :attr:`~Interrupted.ANSWERED` (one bounded try: a place lapses on its own), else
+        also a grant that may have landed or may yet land: retried like
+        :meth:`release_in_background`, and when the backend says the request may still
+        land late (:attr:`GiveBack.late`) and nothing was released, tried again at growing
+        intervals (up to 1 s) until ``ttl`` plus that long: a late grant is given back
+        within a second of landing. Also while closing: aclose() waits for it (bounded).
+        """
+        if interrupted is Interrupted.ANSWERED:
+            task = self._leave_task(claim)
+        else:
+            task = self._release_task(claim, ttl, None, interrupted=interrupted)
+        self.spawn(task, name=f"asynclock-give-back:{claim.name}")
 
     async def _leave_task(self, claim: Claim) -> None:
         try:
             async with asyncio.timeout(_CLOSE_TIMEOUT):
-                await self.backend.leave(claim)
+                await self.backend.give_back(claim, Interrupted.ANSWERED)
         except (BackendError, TimeoutError) as exc:
             logger.debug("leaving the queue of %r failed (%s); the place lapses", claim.name, exc)
 
@@ -270,17 +260,20 @@ class Engine(Generic[L]):
         ttl: float,
         lease: L | None,
         *,
-        in_flight: bool = False,
-        straggle: float = 0.0,
+        interrupted: Interrupted | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         backend = self.backend
         give_up = loop.time() + ttl
-        look_until = give_up + straggle if straggle > 0 else 0.0
+        # Until the backend answers, a request it says may land late is looked for as long
+        # as the latest it ever said (a server that answers nothing for the whole TTL may
+        # still deliver the interrupted acquire when it comes back).
+        look_until = give_up + self._late if interrupted is not None else 0.0
         per_try = min(max(ttl / 4, 0.1), 2.0)
         backoff = Backoff(initial=0.05, maximum=1.0)
         polls = Backoff(initial=0.05, maximum=min(1.0, max(ttl / 4, 0.05)), jitter=False)
         attempt = looks = 0
+        answered = False
         while True:
             # While closing, a try may take what aclose() grants its background work: a
             # slow link must not turn a give-back into a lock or a queue place left on
@@ -288,14 +281,10 @@ class Engine(Generic[L]):
             closing = self._closed
             try:
                 async with asyncio.timeout(_CLOSE_TIMEOUT if closing else per_try):
-                    if in_flight:
-                        # The attempt may also have joined the waiter queue: leave it in
-                        # the same round trip (after the release, on a pipelined link).
-                        released, _ = await asyncio.gather(
-                            backend.release(claim), backend.leave(claim)
-                        )
+                    if interrupted is None:
+                        released, late = await backend.release(claim), 0.0
                     else:
-                        released = await backend.release(claim)
+                        released, late = await backend.give_back(claim, interrupted)
             except (BackendError, TimeoutError) as exc:
                 delay = backoff.delay(attempt)
                 attempt += 1
@@ -309,6 +298,10 @@ class Engine(Generic[L]):
                     return
                 await asyncio.sleep(delay)
                 continue
+            if not answered:
+                answered = True
+                self._late = max(self._late, late)
+                look_until = give_up + late if late > 0 else 0.0
             if released or self._closed or loop.time() >= look_until:
                 if lease is not None:
                     lease.end_after_background_release(released)

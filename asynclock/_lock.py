@@ -31,7 +31,7 @@ from ._errors import (
 from ._validate import check_ttl
 from ._wakeup import WakeSlot
 from ._watchdog import Watch
-from .backends.base import Attempt, Claim
+from .backends.base import Attempt, Claim, Interrupted, Kind
 
 __all__ = ("Lease", "Lock")
 
@@ -535,7 +535,7 @@ class Lease:
             self._engine is engine
             and claim.name == name
             and self._state is _HELD
-            and not claim.limit
+            and claim.kind is not Kind.PERMIT
         )
 
     async def end_block(
@@ -671,6 +671,7 @@ class Lock:
         "_owner",
         "cancel_on_lost",
         "fair",
+        "kind",
         "limit",
         "name",
         "renew",
@@ -710,6 +711,9 @@ class Lock:
         self.shared = shared
         self.limit = limit  # > 0: a semaphore permit (see Coordinator.semaphore)
         self.fair = fair
+        self.kind = Kind.PERMIT if limit else Kind.SHARED if shared else Kind.EXCLUSIVE
+        if fair:
+            self.kind = Kind.FAIR
         # The lease of each task inside ``async with`` (several when shared).
         self._leases: dict[asyncio.Task[object] | None, Lease] = {}
 
@@ -764,10 +768,9 @@ class Lock:
             self.name,
             secrets.token_hex(16),
             self._owner or engine.identity,
-            self.shared,
-            recheck=self.retry.maximum,
+            self.kind,
             limit=self.limit,
-            fair=self.fair,
+            recheck=self.retry.maximum,
         )
         began = time.perf_counter()
         recorder.started()
@@ -897,7 +900,7 @@ class Lock:
                 # The first attempt's answer came after the deadline (it is given at least
                 # _FIRST_ANSWER): refused, and no time left to wait. It joined the waiter
                 # queue; leave it.
-                engine.leave_in_background(claim)
+                engine.give_back_in_background(claim, self.ttl, Interrupted.ANSWERED)
                 raise self._held_elsewhere()
             if backend.native_wait:
                 # It waited in the server's queue already; only a grant that came too
@@ -930,7 +933,7 @@ class Lock:
         except BaseException:
             # Stopped while subscribing: the first attempt's place in the queue would
             # keep others out until it lapses.
-            engine.leave_in_background(claim)
+            engine.give_back_in_background(claim, self.ttl, Interrupted.ANSWERED)
             raise
         slot.tag = claim.value  # a release that names this claim wakes this slot
         engine.waiting.add(slot)
@@ -945,7 +948,7 @@ class Lock:
             except BaseException:
                 # Leaving the wait was interrupted or failed: it may not have left the
                 # queue. (Raised in place of ``exc``, as ``async with`` would.)
-                engine.leave_in_background(claim)
+                engine.give_back_in_background(claim, self.ttl, Interrupted.ANSWERED)
                 raise
             raise
         try:
@@ -1064,7 +1067,10 @@ class Lock:
             # timed out, connection reset after the request left): take it back. A request
             # our deadline stopped was cancelled as a caller's cancel would: on a
             # connection that keeps order, the give-back follows it and need not poll.
-            engine.release_in_background(claim, self.ttl, in_flight=True, error=stopped or exc)
+            cancelled = isinstance(stopped or exc, asyncio.CancelledError)
+            engine.give_back_in_background(
+                claim, self.ttl, Interrupted.CANCELLED if cancelled else Interrupted.FAILED
+            )
             if isinstance(exc, BackendError) and engine.closed:
                 raise CoordinatorClosed("this Coordinator was closed while acquiring") from exc
             raise

@@ -63,11 +63,13 @@ MUTANTS = (
         (
             (
                 "_lock.py",
-                "            engine.release_in_background(claim, self.ttl, in_flight=True, "
-                "error=stopped or exc)\n",
+                "            engine.give_back_in_background(\n"
+                "                claim, self.ttl, Interrupted.CANCELLED if cancelled else "
+                "Interrupted.FAILED\n            )\n",
                 "            if not isinstance(exc, asyncio.CancelledError):\n"
-                "                engine.release_in_background(claim, self.ttl, in_flight=True, "
-                "error=stopped or exc)\n",
+                "                engine.give_back_in_background(\n"
+                "                    claim, self.ttl, Interrupted.CANCELLED if cancelled else "
+                "Interrupted.FAILED\n                )\n",
             ),
         ),
     ),

@@ -49,7 +49,7 @@ from pytest_asynclock.proxy import FaultProxy
 import asynclock
 from asynclock import BackendError, Backoff, Coordinator, Lease, LockTimeout
 from asynclock._lock import Lock
-from asynclock.backends import PostgresBackend
+from asynclock.backends import Kind, PostgresBackend
 from asynclock.integrations import _hold
 
 from ._cancel_points import Stepper, TaskOwners, instrument, owner, phase
@@ -88,12 +88,12 @@ class Op:
     retry: Backoff = RETRY
 
     @property
-    def needs(self) -> str | None:
+    def needs(self) -> Kind | None:
         return {
-            "fair": "supports_fair",
-            "semaphore": "supports_semaphore",
-            "read": "supports_shared",
-            "write": "supports_shared",
+            "fair": Kind.FAIR,
+            "semaphore": Kind.PERMIT,
+            "read": Kind.SHARED,
+            "write": Kind.SHARED,
         }.get(self.kind)
 
 
@@ -240,7 +240,7 @@ class Env:
     retake: float = 2.0  # how long the coordinator may take to take the name again
 
     def supports(self, op: Op) -> bool:
-        return op.needs is None or bool(getattr(self.other.backend, op.needs))
+        return op.needs is None or op.needs in self.other.backend.kinds
 
 
 async def holder_for(env: Env, op: Op, name: str) -> Lease:

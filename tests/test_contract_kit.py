@@ -10,7 +10,7 @@ import pytest
 import asynclock
 from asynclock._wakeup import WakeSlot
 from asynclock.backends import MemoryBackend
-from asynclock.backends.base import Attempt, Backend, Claim, LockInfo
+from asynclock.backends.base import Attempt, Backend, Claim, GiveBack, Interrupted, LockInfo
 from asynclock.testing import ContractViolation, check_backend
 
 from .conftest import MakeCoord
@@ -24,6 +24,8 @@ async def test_every_backend_keeps_the_contract(make_coord: MakeCoord, backend_k
 
 class Delegate(Backend):
     """A backend that forwards to a memory backend: broken ones override one method."""
+
+    kinds = MemoryBackend.kinds
 
     def __init__(self) -> None:
         super().__init__()
@@ -47,6 +49,9 @@ class Delegate(Backend):
 
     def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
         return self.inner.waiter(name)
+
+    async def give_back(self, claim: Claim, interrupted: Interrupted) -> GiveBack:
+        return await self.inner.give_back(claim, interrupted)
 
 
 class Keeps(Delegate):
@@ -94,6 +99,15 @@ class WakesNobody(Delegate):
         return super().waiter(f"{name}-nowhere")
 
 
+class KeepsItsPlace(Delegate):
+    """A refused fair attempt's place in line outlives the acquire that stopped."""
+
+    async def give_back(self, claim: Claim, interrupted: Interrupted) -> GiveBack:
+        if interrupted is Interrupted.ANSWERED:
+            return GiveBack(False)
+        return await super().give_back(claim, interrupted)
+
+
 @pytest.mark.parametrize(
     ("broken", "check"),
     [
@@ -102,8 +116,16 @@ class WakesNobody(Delegate):
         (FenceStandsStill, "fences increase"),
         (ExtendRevives, "an expired lock is free"),
         (WakesNobody, "a release wakes a waiter"),
+        (KeepsItsPlace, "an interrupted acquire is given back"),
     ],
-    ids=["unbroken", "releases-anyones", "fence-stands-still", "extend-revives", "wakes-nobody"],
+    ids=[
+        "unbroken",
+        "releases-anyones",
+        "fence-stands-still",
+        "extend-revives",
+        "wakes-nobody",
+        "keeps-its-place",
+    ],
 )
 async def test_the_kit_fails_a_broken_backend(broken: type[Delegate], check: str | None) -> None:
     """A backend broken in one way fails the kit at the check for it, with its name; the

@@ -84,10 +84,15 @@ class Overtaken(MemoryBackend):
     an interrupted acquire still reaches the server ``late`` seconds later, after the
     give-back's release (redis-py's pooled connections: Sentinel, TLS, sync_replicas)."""
 
-    late = 0.5  # after straggle(): one look after straggle() would miss it
+    late = 0.5  # after GiveBack.late: one look after that would miss it
 
-    def straggle(self) -> float:
-        return 0.3
+    async def give_back(
+        self, claim: asynclock.backends.Claim, interrupted: asynclock.backends.Interrupted
+    ) -> asynclock.backends.GiveBack:
+        answer = await super().give_back(claim, interrupted)
+        if interrupted is asynclock.backends.Interrupted.ANSWERED:
+            return answer
+        return answer._replace(late=0.3)
 
     async def try_acquire(
         self, claim: asynclock.backends.Claim, ttl: float, *, wait: float | None = 0.0

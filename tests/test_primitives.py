@@ -1,7 +1,7 @@
 """Semaphores, read-write locks and fair locks: the contract on every backend that has them.
 
 Runs against real servers (the fixtures start Valkey and PostgreSQL) and memory. A backend
-that does not (yet) set ``supports_semaphore`` / ``supports_shared`` / ``supports_fair``
+that does not (yet) set ``Kind.PERMIT`` / ``Kind.SHARED`` / ``Kind.FAIR`` in ``kinds``
 skips the feature's tests with a reason; it must then refuse the feature with a clear
 ValueError, which Redlock always does. Killed-process tests live with each backend.
 """
@@ -16,7 +16,7 @@ import pytest
 
 import asynclock
 from asynclock import Backoff, Lease, LockLost, LockNotOwned, LockTimeout
-from asynclock.backends import MemoryBackend, PostgresBackend, RedisBackend
+from asynclock.backends import Kind, MemoryBackend, PostgresBackend, RedisBackend
 from asynclock.postgres import lock_ids
 
 from ._deadline import ends
@@ -28,9 +28,9 @@ WRITER_BOUND = 1.0
 FAIR_HANDOFF_BOUND = 0.5
 
 FEATURES = {
-    "semaphore": "supports_semaphore",
-    "rwlock": "supports_shared",
-    "fair": "supports_fair",
+    "semaphore": Kind.PERMIT,
+    "rwlock": Kind.SHARED,
+    "fair": Kind.FAIR,
 }
 
 
@@ -46,7 +46,7 @@ def backend_kind(request: pytest.FixtureRequest) -> str:
 
 def need(coord: asynclock.Coordinator, feature: str) -> None:
     """``coord``'s backend supports ``feature`` (all of this module's backends must)."""
-    assert getattr(coord.backend, FEATURES[feature]), (type(coord.backend).__name__, feature)
+    assert FEATURES[feature] in coord.backend.kinds, (type(coord.backend).__name__, feature)
 
 
 async def tasks_settle(before: set[asyncio.Task[object]]) -> bool:
@@ -295,7 +295,7 @@ class TestSemaphore:
             coord.semaphore("bad", limit)  # type: ignore[arg-type]
         assert asyncio.all_tasks() <= before
         assert coord.held == []
-        if other.backend.supports_semaphore:
+        if Kind.PERMIT in other.backend.kinds:
             # The semaphore is untouched: its only permit is free.
             lease = await other.semaphore("bad", 1, timeout=0).acquire()
             await lease.release()
@@ -624,7 +624,7 @@ class TestUnsupported:
     def test_every_other_backend_has_them_all(self, make_coord: MakeCoord) -> None:
         """memory, Redis and PostgreSQL declare every primitive."""
         backend = make_coord().backend
-        assert all(getattr(backend, flag) for flag in FEATURES.values())
+        assert all(kind in backend.kinds for kind in FEATURES.values())
 
     async def test_fair_and_shared_together_rejected(self, make_coord: MakeCoord) -> None:
         """fair=True is for exclusive locks: with shared=True it is a ValueError."""

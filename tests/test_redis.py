@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 
 import asynclock
 from asynclock import BackendError, Backoff, LockLost, LockTimeout
-from asynclock.backends import Claim, RedisBackend
+from asynclock.backends import Claim, Kind, RedisBackend
 from asynclock.backends.redis import LINGER
 from asynclock.backends.redis.pipe import Pipe
 
@@ -402,12 +402,12 @@ class TestScripts:
         """The acquire script is idempotent: the same claim sent twice (a retry after a lost
         reply) gets the same fence instead of waiting for itself."""
         backend = redis_backend(redis_coord)
-        claim = Claim("retried", "a" * 32, "me", shared=False)
+        claim = Claim("retried", "a" * 32, "me")
         first = await backend.try_acquire(claim, 10.0)
         second = await backend.try_acquire(claim, 10.0)
         assert first.fence is not None
         assert second.fence == first.fence
-        other = await backend.try_acquire(Claim("retried", "b" * 32, "you", False), 10.0)
+        other = await backend.try_acquire(Claim("retried", "b" * 32, "you"), 10.0)
         assert other.fence is None
         assert other.retry_after is not None
         assert 9 < other.retry_after <= 10
@@ -421,7 +421,7 @@ class TestScripts:
         new, larger fence instead of 0, which read as "refused": the caller then waited
         for itself until its own TTL ran out."""
         backend = redis_backend(redis_coord)
-        claim = Claim("evicted", "c" * 32, "me", shared=False, fair=fair)
+        claim = Claim("evicted", "c" * 32, "me", Kind.FAIR if fair else Kind.EXCLUSIVE)
         first = await backend.try_acquire(claim, 10.0)
         assert first.fence is not None
         await backend.client.delete(backend.keys("evicted").fence)

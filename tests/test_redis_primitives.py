@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 
 import asynclock
 from asynclock import Backoff, Lease, LockNotOwned, LockTimeout
-from asynclock.backends import Claim, RedisBackend, RedlockBackend
+from asynclock.backends import Claim, Kind, RedisBackend, RedlockBackend
 
 from .conftest import eventually, redis_backend
 from .test_security import PASSWORD, REDIS_ACL_RULES, command, user_url
@@ -161,7 +161,7 @@ class TestSemaphore:
             assert not renewed.lost
         permit = await redis_coord.semaphore("s", 1, ttl=0.3, renew=False).acquire()
         backend = redis_backend(redis_coord)
-        other = Claim("s", "f" * 32, "other", False, limit=1)
+        other = Claim("s", "f" * 32, "other", Kind.PERMIT, limit=1)
         refused = await backend.try_acquire(other, 10)
         assert refused.fence is None
         assert refused.retry_after is not None
@@ -178,12 +178,12 @@ class TestSemaphore:
     ) -> None:
         """The same holder asking again (a reply lost) keeps its permit and its fence."""
         backend = redis_backend(redis_coord)
-        claim = Claim("s", "a" * 32, "me", False, limit=2)
+        claim = Claim("s", "a" * 32, "me", Kind.PERMIT, limit=2)
         first = await backend.try_acquire(claim, 10)
         again = await backend.try_acquire(claim, 10)
         assert first.fence is not None
         assert again.fence == first.fence
-        other = Claim("s", "b" * 32, "me", False, limit=2)
+        other = Claim("s", "b" * 32, "me", Kind.PERMIT, limit=2)
         assert (await backend.try_acquire(other, 10)).fence is not None
         assert await backend.release(claim)
         assert await backend.release(other)
@@ -358,9 +358,9 @@ class TestFair:
         """A free fair lock is refused to a newcomer while an earlier waiter is queued,
         and granted to that waiter."""
         backend = redis_backend(redis_coord)
-        holder = Claim("f", "a" * 32, "me", False, fair=True)
-        first = Claim("f", "b" * 32, "me", False, fair=True)
-        newcomer = Claim("f", "c" * 32, "me", False, fair=True)
+        holder = Claim("f", "a" * 32, "me", Kind.FAIR)
+        first = Claim("f", "b" * 32, "me", Kind.FAIR)
+        newcomer = Claim("f", "c" * 32, "me", Kind.FAIR)
         assert (await backend.try_acquire(holder, 10)).fence is not None
         assert (await backend.try_acquire(first, 10, wait=None)).fence is None  # queued
         assert await backend.release(holder)
@@ -574,11 +574,11 @@ class TestClusterAndRedlock:
         async with asynclock.connect(asynclock_redlock_urls) as coord:
             backend = coord.backend
             assert isinstance(backend, RedlockBackend)
-            assert not backend.supports_shared
-            assert not backend.supports_semaphore
-            assert not backend.supports_fair
-            assert RedisBackend.supports_shared
-            assert RedisBackend.supports_semaphore
+            assert Kind.SHARED not in backend.kinds
+            assert Kind.PERMIT not in backend.kinds
+            assert Kind.FAIR not in backend.kinds
+            assert Kind.SHARED in RedisBackend.kinds
+            assert Kind.PERMIT in RedisBackend.kinds
             with pytest.raises(ValueError, match="semaphore"):
                 coord.semaphore("s", 2)
             with pytest.raises(ValueError, match="read-write"):

@@ -300,7 +300,7 @@ class TestLateReleases:
             # Another holder on a majority: the first round is refused.
             for client in clients[:3]:
                 await client.set(lock_key, "f" * 32 + ":other", px=30_000)
-            claim = Claim(name, secrets.token_hex(16), "me", shared=False)
+            claim = Claim(name, secrets.token_hex(16), "me")
             assert (await backend.try_acquire(claim, 30.0)).fence is None
             refused = claim.value
             for client in clients[:3]:

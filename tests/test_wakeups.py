@@ -247,7 +247,7 @@ class TestSyncReplicas:
         it: here none (they are stopped), and the acquire fails and gives the lock back."""
         setup = asynclock_sentinel
         master = setup.master()
-        claim = Claim("resent", secrets.token_hex(16), "test", False)
+        claim = Claim("resent", secrets.token_hex(16), "test")
         async with asynclock.connect(setup.url, sync_replicas=2, sync_timeout=0.5) as coord:
             backend = redis_backend(coord)
             keys = backend.keys("resent")

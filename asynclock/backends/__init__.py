@@ -12,7 +12,11 @@ from typing import TYPE_CHECKING, Any
 from .base import Attempt as Attempt
 from .base import Backend as Backend
 from .base import Claim as Claim
+from .base import GiveBack as GiveBack
+from .base import Interrupted as Interrupted
+from .base import Kind as Kind
 from .base import LockInfo as LockInfo
+from .base import Wakeups as Wakeups
 from .memory import MemoryBackend as MemoryBackend
 
 if TYPE_CHECKING:
@@ -24,11 +28,15 @@ __all__ = (
     "Attempt",
     "Backend",
     "Claim",
+    "GiveBack",
+    "Interrupted",
+    "Kind",
     "LockInfo",
     "MemoryBackend",
     "PostgresBackend",
     "RedisBackend",
     "RedlockBackend",
+    "Wakeups",
 )
 
 # The backends whose modules import a driver: loaded by the first access to their name.

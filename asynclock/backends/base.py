@@ -1,16 +1,19 @@
 """The backend interface: one atomic attempt per method, no loops.
 
 Waiting, retries, deadlines, the watchdog, lease-loss delivery and cancellation live once,
-above the backends, in ``asynclock._lock`` and ``asynclock._watchdog``. A backend only
-answers single questions ("take it if free", "extend it if still mine", "delete it if
-still mine") atomically, and offers a wake-up source for waiters. A new backend is one
-file that subclasses :class:`Backend`.
+above the backends, in the engine (``asynclock._engine``, ``_lock``, ``_watchdog``). A
+backend answers single questions atomically: take a :class:`Claim` of some :class:`Kind`
+if free, extend it if still its own, release it if still its own, give back what an
+interrupted acquire may have left; and it offers :class:`Wakeups` for waiters. A new
+backend is one file that subclasses :class:`Backend`, declares its :attr:`Backend.kinds`,
+and passes :func:`asynclock.testing.check_backend`.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import enum
 import math
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -23,45 +26,53 @@ from .._errors import BackendError
 from .._validate import check_number
 from .._wakeup import Mailbox, WakeSlot
 
-__all__ = ("Attempt", "Backend", "Claim", "LockInfo", "owner_of")
-
 #: Owner tokens are ``secrets.token_hex(16)``: 128 random bits, 32 hex characters.
 TOKEN_CHARS = 32
+
+
+class Kind(enum.Enum):
+    """What a :class:`Claim` asks for. A backend lists the kinds it grants in
+    :attr:`Backend.kinds`; the coordinator refuses the others before sending anything."""
+
+    #: A lock: one holder at a time. Also a read-write lock's writer, which excludes
+    #: readers too.
+    EXCLUSIVE = "exclusive"
+    #: A lock granted in arrival order: an attempt is refused while a live waiter that
+    #: came earlier is queued, and a release wakes the first in line.
+    FAIR = "fair"
+    #: A reader of a read-write lock: readers share the name, an exclusive claim (the
+    #: writer) excludes everyone. Writers are preferred: once a writer was refused, new
+    #: readers are refused until it got the lock (or gave up and its place lapsed), so a
+    #: stream of readers cannot starve it.
+    SHARED = "shared"
+    #: One of ``limit`` permits of the counting semaphore ``name``: at most ``limit``
+    #: holders at once, each with its own expiry and fence. Semaphores live apart from
+    #: locks of the same name.
+    PERMIT = "permit"
 
 
 class Claim:
     """One acquisition's identity, as the backend sees it.
 
-    ``value`` is what the server stores for the holder: the lease's random owner token,
-    a colon, and the coordinator's identity (so ``inspect`` can say who holds a lock
-    without revealing a token that is only ever compared, never shown). ``handle`` is
-    the backend's own per-lease state (cached key names, a pinned connection).
-    ``recheck`` is the longest a waiter sleeps between attempts (its backoff's maximum):
-    a backend that queues waiters keeps a place at least that long after each attempt.
-
-    What is claimed:
-
-    - a lock (the default): one holder at a time;
-    - ``shared``: a reader of a read-write lock; readers share ``name``, a non-shared
-      claim (a writer) excludes everyone. Writers are preferred: once a writer was
-      refused, new readers are refused until it got the lock (or gave up and its place
-      lapsed), so a stream of readers cannot starve it;
-    - ``limit > 0``: a permit of the counting semaphore ``name``: at most ``limit``
-      holders at once, each with its own expiry and fence. Semaphores live apart from
-      locks of the same name;
-    - ``fair``: a lock granted in arrival order: an attempt is refused while a live
-      waiter that came earlier is queued, and a release wakes the first in line.
+    ``kind`` is what is claimed (:class:`Kind`); ``limit`` is a permit's semaphore size
+    (at least 1 for :attr:`Kind.PERMIT`, 0 for every other kind: a ``ValueError``
+    otherwise). ``value`` is what the server stores for the holder: the lease's random
+    owner token, a colon, and the coordinator's identity (so ``inspect`` can say who
+    holds a lock without revealing a token that is only ever compared, never shown).
+    ``handle`` is the backend's own per-lease state (cached key names, a pinned
+    connection). ``recheck`` is the longest a waiter sleeps between attempts (its
+    backoff's maximum): a backend that queues waiters keeps a place at least that long
+    after each attempt.
     """
 
     __slots__ = (
         "ended",
-        "fair",
         "floor",
         "handle",
+        "kind",
         "limit",
         "name",
         "recheck",
-        "shared",
         "token",
         "value",
     )
@@ -71,19 +82,24 @@ class Claim:
         name: str,
         token: str,
         owner: str,
-        shared: bool,
+        kind: Kind = Kind.EXCLUSIVE,
         *,
-        recheck: float = 1.0,
         limit: int = 0,
-        fair: bool = False,
+        recheck: float = 1.0,
     ) -> None:
+        if not isinstance(kind, Kind):
+            raise TypeError(f"kind must be an asynclock.backends.Kind, got {kind!r}")
+        if (kind is Kind.PERMIT) != (limit >= 1):
+            raise ValueError(
+                f"a {kind.value} claim takes "
+                f"{'a limit of at least 1' if kind is Kind.PERMIT else 'no limit'}, got {limit}"
+            )
         self.name = name
         self.token = token
         self.value = f"{token}:{owner}"
-        self.shared = shared
-        self.recheck = recheck
+        self.kind = kind
         self.limit = limit
-        self.fair = fair
+        self.recheck = recheck
         self.handle: Any = None
         # Set by the backend when the server certainly ended this claim's current grant
         # (see Backend.on_hold_lost); reset by the backend at the claim's next grant.
@@ -109,8 +125,8 @@ class Claim:
         self.value = f"{self.token}:{owner}"
 
     def __repr__(self) -> str:
-        kind = f"limit={self.limit}" if self.limit else f"shared={self.shared}"
-        return f"<Claim {self.name!r} {kind}{' fair' if self.fair else ''}>"
+        limit = f" limit={self.limit}" if self.limit else ""
+        return f"<Claim {self.name!r} {self.kind.value}{limit}>"
 
 
 def owner_of(value: str) -> str:
@@ -150,16 +166,80 @@ class LockInfo:
     fence: int
 
 
+class Interrupted(enum.Enum):
+    """How an acquire stopped without a lease: what :meth:`Backend.give_back` undoes."""
+
+    #: The last attempt was answered (refused), and the acquire stopped before it waited
+    #: again (a timeout, a cancel): nothing was granted, but a backend that queues
+    #: waiters may keep the attempt's place in line.
+    ANSWERED = "answered"
+    #: The attempt was cancelled on its way (a caller's cancel, the acquire's own
+    #: deadline): the server may have granted it, or may yet.
+    CANCELLED = "cancelled"
+    #: The attempt failed on its way (a socket timeout, a reset connection): the server
+    #: may have granted it, or may yet.
+    FAILED = "failed"
+
+
+class GiveBack(NamedTuple):
+    """The answer to one :meth:`Backend.give_back`.
+
+    ``released``: the claim held the lock, and now does not. ``late``: seconds, beyond the
+    lease's TTL, during which the interrupted request may still reach the server after
+    this answer (it went out on a connection that was given up, another pooled
+    connection, through a proxy). 0 when it cannot: it was answered, or requests never
+    overtake each other. While ``late`` > 0 and nothing was released, the coordinator
+    gives back again at growing intervals, up to ``ttl + late`` after the first try.
+    """
+
+    released: bool
+    late: float = 0.0
+
+
+class Wakeups(abc.ABC):
+    """How waiters learn that a name may be free, and elections hear announcements.
+
+    The half of a backend that carries no lock state: a wake-up is only ever a hint to
+    try again (a waiter also looks again on its own when a holder's lease could have
+    ended), so a lost or duplicated message costs latency, never safety.
+    """
+
+    #: True when ``try_acquire(wait=...)`` can wait in the server's own lock queue.
+    native_wait: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
+        """A wake-up slot for a task about to wait for ``name``.
+
+        Entering registers (and, where it takes I/O, subscribes) *before* the caller's next
+        attempt, so a release after that attempt is never missed; leaving unregisters.
+        """
+
+    async def publish(self, topic: str, message: str) -> None:  # noqa: B027 - optional hook
+        """Send ``message`` to every listener of ``topic``, best effort.
+
+        Elections announce their leaders with it. A backend that cannot notify keeps this
+        no-op; observers then look again when the leader's lease could have ended.
+        """
+
+    def listen(self, topic: str) -> AbstractAsyncContextManager[Mailbox]:
+        """A mailbox that receives ``topic``'s messages from entering until leaving
+        (subscribed by the time ``__aenter__`` returns)."""
+        return _silent_mailbox()
+
+
 @asynccontextmanager
 async def _silent_mailbox() -> AsyncIterator[Mailbox]:
     yield Mailbox()
 
 
-class Backend(abc.ABC):
-    """Base class of every backend.
+class Backend(Wakeups):
+    """Base class of every backend: lock state on a server, plus its :class:`Wakeups`.
 
     Subclasses implement the abstract methods as single atomic operations and translate
-    their driver's errors into :class:`~asynclock.BackendError`. Arguments:
+    their driver's errors into :class:`~asynclock.BackendError`; the contract kit
+    (:func:`asynclock.testing.check_backend`) checks them against a real server.
+    Arguments:
 
     - ``clock``: the monotonic clock leases and deadlines are measured on (default: the
       event loop's).
@@ -168,14 +248,8 @@ class Backend(abc.ABC):
       sent, so the client always gives up before the server does.
     """
 
-    #: True when ``try_acquire(wait=...)`` can wait in the server's own lock queue.
-    native_wait: ClassVar[bool] = False
-    #: True when ``shared=True`` (reader) leases are supported, writers preferred.
-    supports_shared: ClassVar[bool] = False
-    #: True when semaphore permits (``Claim.limit > 0``) are supported.
-    supports_semaphore: ClassVar[bool] = False
-    #: True when fair (first-come, first-served) locks are supported.
-    supports_fair: ClassVar[bool] = False
+    #: The claim kinds this backend grants; the one place a backend declares them.
+    kinds: ClassVar[frozenset[Kind]] = frozenset({Kind.EXCLUSIVE})
 
     def __init__(
         self,
@@ -213,29 +287,6 @@ class Backend(abc.ABC):
         """
         del name  # every valid name is lockable unless a backend says otherwise
 
-    def straggle(self) -> float:
-        """Seconds, beyond a lease's TTL, during which an interrupted acquire of this
-        client may still reach the server after a later request was answered (0: it
-        cannot, requests never overtake each other).
-
-        An interrupted acquire is given back at once; when that release finds nothing,
-        the acquire may still be on its way (on a connection that was dropped or timed
-        out, on another pooled connection, through a proxy), so the coordinator keeps
-        looking for ``ttl`` plus this long. Redis: the socket timeout.
-        """
-        return 0.0
-
-    def ordered_after_cancel(self) -> bool:
-        """True when a request interrupted by a *cancel* cannot be overtaken by the next
-        one (the connection it went out on stays, in order): then a give-back that found
-        nothing need not look again (:meth:`straggle`). Default: False."""
-        return False
-
-    async def leave(self, claim: Claim) -> None:  # noqa: B027 - optional hook
-        """Leave whichever waiter queue a refused attempt of ``claim`` joined (called
-        when the acquire stops before it waited: its place would keep others out until
-        it lapses). Default: nothing (no queue, or the server's own)."""
-
     def drift(self, ttl: float) -> float:
         """Seconds a lease of ``ttl`` is cut short locally, for clock drift and latency."""
         return ttl * self.drift_factor + self.drift_base
@@ -245,7 +296,7 @@ class Backend(abc.ABC):
         """Take ``claim.name`` for ``ttl`` seconds if it is free; one atomic attempt.
 
         On success the fence is strictly greater than any earlier grant of the name.
-        ``wait`` only matters to backends with :attr:`native_wait`: how long the request
+        ``wait`` only matters to backends with :attr:`~Wakeups.native_wait`: how long the request
         may wait in the server's queue (None: without bound). The backend may set
         ``claim.handle`` for its later calls about this claim.
         """
@@ -292,6 +343,21 @@ class Backend(abc.ABC):
         Returns False, touching nothing, when the claim no longer holds the lock.
         """
 
+    async def give_back(self, claim: Claim, interrupted: Interrupted) -> GiveBack:
+        """Undo what an acquire of ``claim`` that stopped without a lease may have left on
+        the server; one attempt, which the coordinator repeats (in the background, with
+        backoff) until it is answered or the TTL has passed.
+
+        After :attr:`Interrupted.ANSWERED`, leave the waiter queue the refused attempt may
+        have joined. Otherwise also release the grant that may have landed, and say in
+        :attr:`GiveBack.late` how much longer the request may still land. The default
+        releases, and reports that nothing can land late (no queue of its own, requests in
+        order): right for a backend whose requests never overtake each other.
+        """
+        if interrupted is Interrupted.ANSWERED:
+            return GiveBack(False)
+        return GiveBack(await self.release(claim))
+
     @abc.abstractmethod
     async def inspect(self, name: str) -> LockInfo | None:
         """The current holder of ``name``, or None if it is free."""
@@ -304,7 +370,7 @@ class Backend(abc.ABC):
         That names one holder only, so a backend where several hold one name (readers,
         semaphore permits) overrides this or raises ``NotImplementedError`` for them.
         """
-        if claim.shared or claim.limit:
+        if claim.kind in (Kind.SHARED, Kind.PERMIT):
             raise NotImplementedError(
                 f"{type(self).__name__} cannot tell whether a shared lease or permit is still "
                 "held; only an exclusive one"
@@ -312,27 +378,7 @@ class Backend(abc.ABC):
         info = await self.inspect(claim.name)
         return info is not None and info.fence == fence and info.owner == owner_of(claim.value)
 
-    @abc.abstractmethod
-    def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
-        """A wake-up slot for a task about to wait for ``name``.
-
-        Entering registers (and, where it takes I/O, subscribes) *before* the caller's next
-        attempt, so a release after that attempt is never missed; leaving unregisters.
-        """
-
-    async def publish(self, topic: str, message: str) -> None:  # noqa: B027 - optional hook
-        """Send ``message`` to every listener of ``topic``, best effort.
-
-        Elections announce their leaders with it. A backend that cannot notify keeps this
-        no-op; observers then look again when the leader's lease could have ended.
-        """
-
-    def listen(self, topic: str) -> AbstractAsyncContextManager[Mailbox]:
-        """A mailbox that receives ``topic``'s messages from entering until leaving
-        (subscribed by the time ``__aenter__`` returns)."""
-        return _silent_mailbox()
-
-    async def aclose(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+    async def aclose(self) -> None:
         """Close what the backend opened itself; clients passed in stay open."""
 
     def describe(self) -> str:

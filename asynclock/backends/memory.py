@@ -14,7 +14,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from .._clock import Clock
 from .._wakeup import Mailbox, WakeHub, WakeSlot
-from .base import Attempt, Backend, Claim, LockInfo, owner_of
+from .base import Attempt, Backend, Claim, GiveBack, Interrupted, Kind, LockInfo, owner_of
 
 __all__ = ("MemoryBackend",)
 
@@ -99,9 +99,7 @@ class MemoryBackend(Backend):
     that share a table.
     """
 
-    supports_shared = True
-    supports_semaphore = True
-    supports_fair = True
+    kinds = frozenset(Kind)
 
     def __init__(
         self,
@@ -132,14 +130,16 @@ class MemoryBackend(Backend):
         return backend
 
     async def try_acquire(self, claim: Claim, ttl: float, *, wait: float | None = 0.0) -> Attempt:
-        if claim.limit:
+        kind = claim.kind
+        if kind is Kind.PERMIT:
             return self._permit(claim, ttl)
+        shared = kind is Kind.SHARED
         table = self._table
         name = claim.name
         now = self.clock.now()
         stay = now + claim.recheck + _QUEUE_MARGIN
         holders = table.live(name, now)
-        if claim.fair:
+        if kind is Kind.FAIR:
             queue = table.queue(name, now)
             first = next(iter(queue), claim.value)
             if holders is not None or first != claim.value:
@@ -148,24 +148,24 @@ class MemoryBackend(Backend):
                 left = None if holders is None else _left(holders, now)
                 return Attempt(None, left)
             queue.pop(claim.value, None)
-        elif claim.shared and name in table.writer_waiting:
+        elif shared and name in table.writer_waiting:
             until, _ = table.writer_waiting[name]
             if until > now:
                 # A writer waits: readers queue behind it, even while readers hold.
                 return Attempt(None, until - now)
             del table.writer_waiting[name]
-        if holders is not None and not (claim.shared and not table.exclusive[name]):
-            if not claim.shared and wait != 0:  # a writer that will wait, not try once
+        if holders is not None and not (shared and not table.exclusive[name]):
+            if not shared and wait != 0:  # a writer that will wait, not try once
                 table.writer_waiting[name] = (stay, claim.value)
             return Attempt(None, _left(holders, now))
-        if not claim.shared:
+        if not shared:
             table.writer_waiting.pop(name, None)
         fence = table.fences[name] = table.fences.get(name, 0) + 1
         if holders is None:
             holders = table.holders[name] = {}
-            table.exclusive[name] = not claim.shared
+            table.exclusive[name] = not shared
         holders[claim.value] = _Holder(now + ttl, fence)
-        if claim.shared:
+        if shared:
             # Let the next waiter see whether it can share too.
             table.hub.notify_one(name)
         return Attempt(fence)
@@ -184,7 +184,7 @@ class MemoryBackend(Backend):
         return Attempt(fence)
 
     def _holders(self, claim: Claim, now: float) -> dict[str, _Holder] | None:
-        if claim.limit:
+        if claim.kind is Kind.PERMIT:
             permits = self._table.permits.get(claim.name)
             if permits is None:
                 return None
@@ -211,15 +211,16 @@ class MemoryBackend(Backend):
         holders = self._holders(claim, now)
         if holders is None or holders.pop(claim.value, None) is None:
             return False
-        if claim.limit:
+        if claim.kind is Kind.PERMIT:
             table.hub.notify_one(claim.name)  # one permit came free
         elif not holders:
             del table.holders[claim.name]
             del table.exclusive[claim.name]
-            first = next(iter(table.queue(claim.name, now)), None) if claim.fair else None
+            fair = claim.kind is Kind.FAIR
+            first = next(iter(table.queue(claim.name, now)), None) if fair else None
             if first is not None:
                 table.hub.notify_tag(claim.name, first)  # the first in line, and only it
-            elif claim.shared or claim.name in table.writer_waiting:
+            elif claim.kind is Kind.SHARED or claim.name in table.writer_waiting:
                 table.hub.notify_all(claim.name)  # the writer, or every reader
             else:
                 table.hub.notify_one(claim.name)
@@ -249,19 +250,30 @@ class MemoryBackend(Backend):
             yield slot
         finally:
             table.hub.unregister(slot)
-            # A writer that gives up stops keeping readers out.
-            waiting = table.writer_waiting.get(name)
-            if waiting is not None and waiting[1] == slot.tag:
-                del table.writer_waiting[name]
-                table.hub.notify_all(name)
-            # A fair waiter that leaves without the lock (timed out, cancelled) leaves
-            # the line; if the lock is free, the next in line may go.
-            queue = table.queues.get(name)
-            if queue and slot.tag is not None and queue.pop(slot.tag, None) is not None:
-                now = self.clock.now()
-                first = next(iter(table.queue(name, now)), None)
-                if first is not None and table.live(name, now) is None:
-                    table.hub.notify_tag(name, first)
+            if slot.tag is not None:
+                self._leave(name, slot.tag)
+
+    def _leave(self, name: str, value: str) -> None:
+        """``value`` stops waiting for ``name`` without the lock (timed out, cancelled)."""
+        table = self._table
+        # A writer that gives up stops keeping readers out.
+        waiting = table.writer_waiting.get(name)
+        if waiting is not None and waiting[1] == value:
+            del table.writer_waiting[name]
+            table.hub.notify_all(name)
+        # A fair waiter leaves the line; if the lock is free, the next in line may go.
+        queue = table.queues.get(name)
+        if queue and queue.pop(value, None) is not None:
+            now = self.clock.now()
+            first = next(iter(table.queue(name, now)), None)
+            if first is not None and table.live(name, now) is None:
+                table.hub.notify_tag(name, first)
+
+    async def give_back(self, claim: Claim, interrupted: Interrupted) -> GiveBack:
+        self._leave(claim.name, claim.value)
+        if interrupted is Interrupted.ANSWERED:
+            return GiveBack(False)
+        return GiveBack(await self.release(claim))
 
     async def publish(self, topic: str, message: str) -> None:
         for mailbox in self._table.topics.get(topic, ()):

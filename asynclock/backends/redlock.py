@@ -42,7 +42,7 @@ from .._errors import BackendError, QuorumError
 from .._tasks import TaskSet
 from .._validate import check_number
 from .._wakeup import Mailbox, WakeHub, WakeSlot
-from .base import Attempt, Backend, Claim, LockInfo, owner_of
+from .base import Attempt, Backend, Claim, GiveBack, Interrupted, LockInfo, owner_of
 from .redis import Call, Keys, RedisBackend, client_from_url
 from .redis.pipe import pack
 
@@ -512,11 +512,11 @@ class RedlockBackend(Backend):
             for node in self._nodes:
                 await node.client.aclose()
 
-    def straggle(self) -> float:
-        return max(node.straggle() for node in self._nodes)
-
-    def ordered_after_cancel(self) -> bool:
-        return all(node.ordered_after_cancel() for node in self._nodes)
+    async def give_back(self, claim: Claim, interrupted: Interrupted) -> GiveBack:
+        if interrupted is Interrupted.ANSWERED:
+            return GiveBack(False)  # no waiter queue of its own
+        released = await self.release(claim)
+        return GiveBack(released, max(node.late_landing(interrupted) for node in self._nodes))
 
     def describe(self) -> str:
         where = ", ".join(node.address for node in self._nodes)

@@ -24,8 +24,12 @@ backend's own interface, the one the engine uses, not ``Coordinator``:
   ``slack``), and its old holder can neither extend nor release it;
 - ``owns()`` answers for exclusive holders;
 - a release wakes a waiter registered with ``waiter()`` before it;
-- what the backend declares it supports: readers share and exclude a writer
-  (``supports_shared``), at most ``limit`` permits (``supports_semaphore``).
+- a refused attempt's place in a waiter queue is given back (``give_back`` after
+  :attr:`~asynclock.backends.Interrupted.ANSWERED`), and so is a grant whose acquire was
+  interrupted (after :attr:`~asynclock.backends.Interrupted.CANCELLED`);
+- the kinds the backend declares in :attr:`~asynclock.backends.Backend.kinds`: readers
+  share and exclude a writer (:attr:`~asynclock.backends.Kind.SHARED`), at most ``limit``
+  permits (:attr:`~asynclock.backends.Kind.PERMIT`).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 
-from ..backends.base import Backend, Claim
+from ..backends.base import Backend, Claim, Interrupted, Kind
 
 __all__ = ("ContractViolation", "check_backend")
 
@@ -44,8 +48,8 @@ class ContractViolation(AssertionError):
     """A backend broke its contract: the message names the check and what happened."""
 
 
-def _claim(name: str, *, shared: bool = False, limit: int = 0) -> Claim:
-    return Claim(name, secrets.token_hex(16), "contract-kit", shared, limit=limit)
+def _claim(name: str, kind: Kind = Kind.EXCLUSIVE, *, limit: int = 0) -> Claim:
+    return Claim(name, secrets.token_hex(16), "contract-kit", kind, limit=limit)
 
 
 class _Kit:
@@ -85,7 +89,7 @@ class _Kit:
                 f"a refusal said retry after {attempt.retry_after}s, beyond the holder's "
                 f"TTL of {self.ttl}s",
             )
-        await self.backend.leave(claim)
+        await self.backend.give_back(claim, Interrupted.ANSWERED)
 
     async def run(self) -> None:
         checks: list[tuple[str, Callable[[], Awaitable[None]]]] = [
@@ -97,10 +101,11 @@ class _Kit:
             ("an expired lock is free and stays lost to its holder", self.expiry),
             ("owns() answers for the holder", self.owns),
             ("a release wakes a waiter", self.wakes_a_waiter),
+            ("an interrupted acquire is given back", self.gives_back),
         ]
-        if self.backend.supports_shared:
+        if Kind.SHARED in self.backend.kinds:
             checks.append(("readers share, a writer is excluded", self.readers))
-        if self.backend.supports_semaphore:
+        if Kind.PERMIT in self.backend.kinds:
             checks.append(("at most limit permits", self.permits))
         for self.check, check in checks:
             await check()
@@ -237,9 +242,30 @@ class _Kit:
             await self.grant(waiter)
         self.expect(await self.backend.release(waiter), "the holder's release was refused")
 
+    async def gives_back(self) -> None:
+        name = self.name()
+        # A fair claim's place in line keeps later claims out, where the backend has one.
+        kind = Kind.FAIR if Kind.FAIR in self.backend.kinds else Kind.EXCLUSIVE
+        holder, stopped = _claim(name, kind), _claim(name, kind)
+        await self.grant(holder)
+        # A caller that would wait (wait != 0) joins the name's waiter queue, if any; one
+        # that waits in the server's own queue gives up there at once.
+        wait = 0.0 if self.backend.native_wait else self.ttl
+        attempt = await self.backend.try_acquire(stopped, self.ttl, wait=wait)
+        self.expect(attempt.fence is None, f"{name!r} was granted to a second holder")
+        answer = await self.backend.give_back(stopped, Interrupted.ANSWERED)
+        self.expect(not answer.released, "a refused attempt's give-back released something")
+        self.expect(await self.backend.release(holder), "the holder's release was refused")
+        later = _claim(name, kind)
+        await self.grant(later)  # the stopped acquire's place no longer keeps it out
+        answer = await self.backend.give_back(later, Interrupted.CANCELLED)
+        self.expect(answer.released, "the give-back of a granted, interrupted acquire was refused")
+        self.expect(answer.late >= 0, f"a give-back said it may land {answer.late}s late")
+        self.expect(await self.backend.inspect(name) is None, "a given-back grant is still held")
+
     async def readers(self) -> None:
         name = self.name()
-        readers = [_claim(name, shared=True) for _ in range(3)]
+        readers = [_claim(name, Kind.SHARED) for _ in range(3)]
         for reader in readers:
             await self.grant(reader)
         await self.refused(_claim(name))
@@ -247,17 +273,17 @@ class _Kit:
             self.expect(await self.backend.release(reader), "a reader's release was refused")
         writer = _claim(name)
         await self.grant(writer)
-        await self.refused(_claim(name, shared=True))
+        await self.refused(_claim(name, Kind.SHARED))
         self.expect(await self.backend.release(writer), "the writer's release was refused")
 
     async def permits(self) -> None:
         name = self.name()
-        held = [_claim(name, limit=2) for _ in range(2)]
+        held = [_claim(name, Kind.PERMIT, limit=2) for _ in range(2)]
         fences = [await self.grant(claim) for claim in held]
         self.expect(len(set(fences)) == 2, f"two permits share a fence: {fences}")
-        await self.refused(_claim(name, limit=2))
+        await self.refused(_claim(name, Kind.PERMIT, limit=2))
         self.expect(await self.backend.release(held[0]), "a permit's release was refused")
-        third = _claim(name, limit=2)
+        third = _claim(name, Kind.PERMIT, limit=2)
         await self.grant(third)
         for claim in (held[1], third):
             self.expect(await self.backend.release(claim), "a permit's release was refused")

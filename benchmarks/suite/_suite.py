@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asynclock import Coordinator, Lease, connect
+from asynclock.backends import Kind
 
 from ._env import Servers
 from ._measure import (
@@ -49,12 +50,12 @@ __all__ = ("FULL", "QUICK", "SECTIONS", "Plan", "Settings", "run_suite")
 SECTIONS = ("uncontended", "contended", "leases", "frozen", "primitives")
 #: Waiters on one lock in the contended primitives cases (fair against plain).
 PRIMITIVE_WAITERS = 8
-#: The uncontended primitives cases: id suffix, label, the backend flag they need.
+#: The uncontended primitives cases: id suffix, label, the claim kind they need.
 PRIMITIVE_CASES = (
-    ("semaphore", "semaphore permit, limit 5", "supports_semaphore"),
-    ("rwlock-read", "rwlock read()", "supports_shared"),
-    ("rwlock-write", "rwlock write()", "supports_shared"),
-    ("fair", "lock fair=True", "supports_fair"),
+    ("semaphore", "semaphore permit, limit 5", Kind.PERMIT),
+    ("rwlock-read", "rwlock read()", Kind.SHARED),
+    ("rwlock-write", "rwlock write()", Kind.SHARED),
+    ("fair", "lock fair=True", Kind.FAIR),
 )
 _PRIMITIVE_SERVERS = {"memory": "memory", "redis": "Redis", "postgres": "PostgreSQL"}
 Row = dict[str, Any]
@@ -796,8 +797,8 @@ class Suite:
                 floor: ("plain lock (floor)", "floor", None, op_of(plain)),
             }
             unsupported: list[Row] = []
-            for key, label, flag in PRIMITIVE_CASES:
-                if getattr(backend, flag):
+            for key, label, kind in PRIMITIVE_CASES:
+                if kind in backend.kinds:
                     cases[base + key] = (label, "asynclock", floor, op_of(makers[key]()))
                 else:
                     unsupported.append(
@@ -810,7 +811,7 @@ class Suite:
                             floor=floor,
                             value_key=None,
                             supported=False,
-                            note=f"not supported by {type(backend).__name__} ({flag} is False)",
+                            note=f"{type(backend).__name__} has no {kind.value} claims",
                         )
                     )
             try:
@@ -843,7 +844,7 @@ class Suite:
             try:
                 probe = connect(target, **options)
                 coords.append(probe)
-                if fair and not probe.backend.supports_fair:
+                if fair and Kind.FAIR not in probe.backend.kinds:
                     record.rows.append(
                         _row(
                             row_id,

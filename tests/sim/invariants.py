@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from asynclock import Coordinator
+from asynclock.backends import Interrupted, Kind
 
 from .server import Grant, Server
 
@@ -207,13 +208,14 @@ class Checker:
 
     def _orphan(self, grant: Grant) -> None:
         """A grant that landed after its own give-back found nothing: the coordinator
-        looks again for ``ttl + straggle()`` after that give-back began, at intervals up to
+        looks again for ``ttl + late_landing()`` after that give-back began, at intervals up to
         a second; a grant landing well within that window must be given back."""
         backend = self.backends[grant.client]
         began = backend.first_release.get(grant.value)
         if began is None:
             return
-        look_until = backend.sim_clock.real(began) + grant.ttl + backend.straggle()
+        late = backend.late_landing(Interrupted.FAILED)
+        look_until = backend.sim_clock.real(began) + grant.ttl + late
         if grant.at + 1.5 < look_until:
             due = max(grant.at, self.fault_end(grant.client)) + self.give_back
             self._late.append((due, grant))
@@ -278,7 +280,7 @@ class Checker:
                     )
                 kind = "permit" if claim.limit else "lock"
                 valid.setdefault((kind, claim.name), []).append(
-                    (claim.shared, backend.label(claim))
+                    (claim.kind is Kind.SHARED, backend.label(claim))
                 )
         return valid
 

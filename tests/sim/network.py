@@ -29,7 +29,7 @@ from typing import Any
 
 from asynclock._errors import BackendError
 from asynclock._wakeup import Mailbox, WakeHub, WakeSlot
-from asynclock.backends.base import Attempt, Backend, Claim, LockInfo
+from asynclock.backends.base import Attempt, Backend, Claim, GiveBack, Interrupted, Kind, LockInfo
 
 from .loop import SimClock, SimLoop, World
 from .server import Server, Subscriber
@@ -339,9 +339,7 @@ class SimBackend(Backend):
     leaves the server's queue and unsubscribes; elections publish on topics.
     """
 
-    supports_shared = True
-    supports_semaphore = True
-    supports_fair = True
+    kinds = frozenset(Kind)
 
     def __init__(self, net: Net, client: int, clock: SimClock) -> None:
         super().__init__(clock=clock)
@@ -426,15 +424,23 @@ class SimBackend(Backend):
         ``Checker``)."""
         return any(req.applied for req in self.extending.get(value, ()))
 
-    def straggle(self) -> float:
+    async def give_back(self, claim: Claim, interrupted: Interrupted) -> GiveBack:
+        if interrupted is Interrupted.ANSWERED:
+            await self._call("dequeue", claim.name, claim.value)
+            return GiveBack(False)
+        # The release and the queue's leave go out together, as on Redis.
+        released, _ = await asyncio.gather(
+            self.release(claim), self._call("dequeue", claim.name, claim.value)
+        )
+        return GiveBack(released, self.late_landing(interrupted))
+
+    def late_landing(self, interrupted: Interrupted) -> float:
         """How late an interrupted request can still land: this network's worst delay
         (a spike, the longest partition) beyond a socket timeout."""
+        del interrupted  # the pooled connections keep no order, even after a cancel
         cfg = self.net.cfg
         longest = max((end - start for start, end, _ in cfg.partitions), default=0.0)
         return cfg.socket_timeout + cfg.spike + longest + 30 * cfg.latency
-
-    async def leave(self, claim: Claim) -> None:
-        await self._call("dequeue", claim.name, claim.value)
 
     async def inspect(self, name: str) -> LockInfo | None:
         info: LockInfo | None = await self._call("inspect", name)

@@ -36,7 +36,7 @@ from unittest import mock
 from asynclock import Coordinator
 from asynclock.backends import base as backend_base
 from asynclock.backends import redlock
-from asynclock.backends.base import Claim
+from asynclock.backends.base import Claim, Interrupted
 from asynclock.backends.redis import RedisBackend
 from asynclock.backends.redis import backend as redis_backend
 from asynclock.backends.redis import pipe as _resp
@@ -161,6 +161,10 @@ class SimRedisBackend(_Probe, RedisBackend):
 
 class SimRedlockBackend(_Probe, RedlockBackend):
     """The real Redlock backend, watched by the checks."""
+
+    def late_landing(self, interrupted: Interrupted) -> float:
+        """Its nodes' longest (what its give-back answers)."""
+        return max(node.late_landing(interrupted) for node in self.nodes)
 
     async def release(self, claim: Claim) -> bool:
         with self._releasing(claim.value, self.clock.now()):

@@ -94,7 +94,7 @@ from ..._pgkeys import DEFAULT_NAMESPACE, advisory_key, fence_ids, key_in, lock_
 from ..._tasks import TaskSet
 from ..._validate import check_name, check_number
 from ..._wakeup import Mailbox, WakeHub, WakeSlot
-from ..base import Attempt, Backend, Claim, LockInfo
+from ..base import Attempt, Backend, Claim, Kind, LockInfo
 from .dsn import describe_dsn, usable_dsn
 from .errors import DRIVER_ERRORS, MapErrors, gone, unanswered
 from .holders import (
@@ -181,13 +181,10 @@ class PostgresBackend(Backend):
     # Readers and writers: PostgreSQL's lock queue already prefers writers (a new shared
     # request that conflicts with a queued exclusive one waits behind it, and
     # pg_try_advisory_lock_shared is refused then), so a stream of readers cannot starve
-    # a writer.
-    supports_shared = True
-    # Fair locks: the server's queue is first come, first served, and a release hands the
-    # lock to the first waiter inside the server, so a try from outside cannot barge in.
-    # Every exclusive lock here is fair; claim.fair needs nothing more.
-    supports_fair = True
-    supports_semaphore = True
+    # a writer. Fair locks: the server's queue is first come, first served, and a release
+    # hands the lock to the first waiter inside the server, so a try from outside cannot
+    # barge in: every exclusive lock here is fair, Kind.FAIR needs nothing more.
+    kinds = frozenset(Kind)
 
     def __init__(
         self,
@@ -351,7 +348,7 @@ class PostgresBackend(Backend):
         owner = identity_of(claim.value)
         if owner not in self._registered and not inline(owner, math.ceil(ttl * 1000)):
             await self._register(owner, math.ceil(ttl * 1000))
-        if claim.limit:
+        if claim.kind is Kind.PERMIT:
             permit = await self._take_permit(sql, claim, math.ceil(ttl * 1000), wait, began)
             if permit is None:
                 return Attempt(None)
@@ -405,7 +402,7 @@ class PostgresBackend(Backend):
                 sql, session, claim.value, configure=configure, mode=mode, wait=wait, began=began
             )
             try:
-                statement = sql.acquire[configure, mode, claim.shared]
+                statement = sql.acquire[configure, mode, claim.kind is Kind.SHARED]
                 row = await conn.raw.fetchrow(statement, *args, timeout=within)
                 if row is None and wait != 0:
                     args, within = self._acquire_args(
@@ -417,7 +414,7 @@ class PostgresBackend(Backend):
                         wait=wait,
                         began=began,
                     )
-                    statement = sql.acquire[configure, WAIT, claim.shared]
+                    statement = sql.acquire[configure, WAIT, claim.kind is Kind.SHARED]
                     row = await conn.raw.fetchrow(statement, *args, timeout=within)
             except asyncpg.exceptions.LockNotAvailableError:
                 # lock_timeout ended the statement: in the queue (nothing taken), or in the

@@ -23,7 +23,7 @@ import asyncpg
 from ..._errors import BackendError
 from ..._pgkeys import permit_fence_ids, permit_prefix, waiting_key
 from ..._tasks import TaskSet
-from ..base import Claim
+from ..base import Claim, Kind
 from .errors import DRIVER_ERRORS, answered
 from .holders import identity_of, shown
 from .sql import RESET, Statements
@@ -337,7 +337,7 @@ class SessionPool:
         permit: Permit | None = None,
     ) -> Session:
         """A session for ``claim`` on ``conn``, watched for the connection's end."""
-        session = Session(conn, key, claim.shared, ttl_ms, permit)
+        session = Session(conn, key, claim.kind is Kind.SHARED, ttl_ms, permit)
         self.active.add(session)
         claim.ended = False  # a new session: an earlier one's end is no news for it
 

@@ -29,7 +29,7 @@ from ..._errors import BackendError
 from ..._tasks import TaskSet
 from ..._validate import check_number
 from ..._wakeup import Mailbox, WakeHub, WakeSlot
-from ..base import Attempt, Backend, Claim, LockInfo, owner_of
+from ..base import Attempt, Backend, Claim, GiveBack, Interrupted, Kind, LockInfo, owner_of
 from .calls import EXTEND_CHUNK, RELEASED_MARGIN_MS, Call, Calls
 from .clients import BACKEND_OPTIONS, client_from_url, close_client, describe_client
 from .keys import Keys, KeySchema, check_prefix
@@ -53,7 +53,7 @@ class RedisBackend(Backend):
     after the lock was last taken or renewed; fences then continue from the server's clock
     in microseconds (README).
 
-    Read-write locks, semaphores and fair locks (``Claim.shared``, ``limit``, ``fair``)
+    Read-write locks, semaphores and fair locks (:class:`~asynclock.backends.Kind`)
     run on the same node or slot; their keys are listed in :mod:`.scripts`. Readers hold
     the lock key itself (with a mark, expiring with the last reader), so writers and
     plain locks of the name exclude them at no extra cost.
@@ -64,9 +64,7 @@ class RedisBackend(Backend):
     lock in a failover less likely, not impossible: fences still decide (README).
     """
 
-    supports_shared = True
-    supports_semaphore = True
-    supports_fair = True
+    kinds = frozenset(Kind)
 
     def __init__(
         self,
@@ -126,7 +124,7 @@ class RedisBackend(Backend):
         self._calls = Calls(
             inbox=self._schema.inbox_id,
             retention_ms=retention_ms,
-            released_ms=math.ceil(self.straggle() * 1000) + RELEASED_MARGIN_MS,
+            released_ms=math.ceil(self._socket_timeout() * 1000) + RELEASED_MARGIN_MS,
         )
         # Waiters leaving the queue and their channel after giving up (see Waiter).
         self._tasks = TaskSet(f"waiters of {self._where}")
@@ -394,9 +392,10 @@ class RedisBackend(Backend):
     async def extend_many(self, items: Sequence[tuple[Claim, float]]) -> list[bool | None]:
         # Locks go in batches (one script call per chunk); readers and permits, each in
         # a set of its own, one call each, all at once.
-        plain = [i for i, (claim, _) in enumerate(items) if not (claim.limit or claim.shared)]
+        alone = (Kind.PERMIT, Kind.SHARED)
+        plain = [i for i, (claim, _) in enumerate(items) if claim.kind not in alone]
         results: list[bool | None] = [None] * len(items)
-        others = [i for i, (claim, _) in enumerate(items) if claim.limit or claim.shared]
+        others = [i for i, (claim, _) in enumerate(items) if claim.kind in alone]
         if others:
             replies = await asyncio.gather(
                 *(self.extend(*items[i]) for i in others), return_exceptions=True
@@ -463,17 +462,33 @@ class RedisBackend(Backend):
         if self._owns_client:
             await close_client(self._client)
 
-    async def leave(self, claim: Claim) -> None:
-        await self._dequeue(self._claim_keys(claim), claim.value)
+    async def give_back(self, claim: Claim, interrupted: Interrupted) -> GiveBack:
+        keys = self._claim_keys(claim)
+        if interrupted is Interrupted.ANSWERED:
+            await self._dequeue(keys, claim.value)
+            return GiveBack(False)
+        # The attempt may also have joined the waiter queue: leave it in the same round
+        # trip (after the release, on a pipelined link).
+        released, _ = await asyncio.gather(self.release(claim), self._dequeue(keys, claim.value))
+        return GiveBack(released, self.late_landing(interrupted))
 
-    def ordered_after_cancel(self) -> bool:
-        # The pipelined connection abandons a cancelled request's reply and keeps going:
-        # the give-back's release follows it on the same connection.
-        return isinstance(self._link, Pipe)
+    def late_landing(self, interrupted: Interrupted) -> float:
+        """Seconds, beyond a lease's TTL, during which an acquire interrupted as
+        ``interrupted`` may still reach this server after a later request was answered
+        (:attr:`GiveBack.late`; Redlock asks each of its nodes).
 
-    def straggle(self) -> float:
-        # Even the pipelined connection: a timed-out request's connection is dropped and
-        # the give-back goes out on a new one, which a proxy may deliver first.
+        0 after a cancel on the pipelined connection: it abandons the cancelled request's
+        reply and keeps going, so the give-back follows it in order. Otherwise the socket
+        timeout: a timed-out request's connection is dropped and the give-back goes out on
+        a new one (or another pooled connection), which a proxy may deliver first.
+        """
+        if interrupted is Interrupted.ANSWERED:
+            return 0.0
+        if interrupted is Interrupted.CANCELLED and isinstance(self._link, Pipe):
+            return 0.0
+        return self._socket_timeout()
+
+    def _socket_timeout(self) -> float:
         if isinstance(self._client, RedisCluster):
             kwargs = self._client.get_connection_kwargs()
         else:

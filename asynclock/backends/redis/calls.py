@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..base import Claim
+from ..base import Claim, Kind
 from . import scripts
 from .keys import Keys
 
@@ -206,26 +206,27 @@ class Calls:
     def acquire_claim(self, keys: Keys, claim: Claim, ttl: float, queue: float | None) -> Call:
         """The acquire of ``claim``'s kind (permit, reader, fair or plain lock)."""
         value = claim.value
-        if claim.limit:
+        kind = claim.kind
+        if kind is Kind.PERMIT:
             return self.permit(keys, value, ttl, claim.limit, queue=queue)
-        if claim.shared:
+        if kind is Kind.SHARED:
             return self.shared(keys, value, ttl, queue=queue)
-        if claim.fair:
+        if kind is Kind.FAIR:
             return self.fair(keys, value, ttl, queue=queue)
         return self.acquire(keys, value, ttl, queue=queue)
 
     def extend_claim(self, keys: Keys, claim: Claim, ttl: float) -> Call:
         """The extend of ``claim``'s kind."""
-        if claim.limit:
+        if claim.kind is Kind.PERMIT:
             return self.extend_permit(keys, claim.value, ttl)
-        if claim.shared:
+        if claim.kind is Kind.SHARED:
             return self.extend_shared(keys, claim.value, ttl)
         return self.extend(keys, claim.value, ttl)
 
     def release_claim(self, keys: Keys, claim: Claim) -> Call:
         """The release of ``claim``'s kind."""
-        if claim.limit:
+        if claim.kind is Kind.PERMIT:
             return self.release_permit(keys, claim.value)
-        if claim.shared:
+        if claim.kind is Kind.SHARED:
             return self.release_shared(keys, claim.value)
         return self.release(keys, claim.value)
