@@ -12,6 +12,7 @@ wakes that slot alone, and no slot of any other client.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Hashable
 
@@ -31,18 +32,31 @@ _RECENT_RELEASES = 256
 
 
 class _Parked:
-    """Something a task waits on: a future kept while it waits (see :meth:`_park`)."""
+    """Something a task waits on: a future kept while it waits (see :meth:`_park`).
+
+    It may be woken from another thread (coordinators on several event loops sharing a
+    ``memory://NAME`` table): the future is then resolved in its own loop, and a waker
+    that comes between the waiter's look and its park is seen by the park.
+    """
 
     __slots__ = ("_fut",)
 
     def __init__(self) -> None:
         self._fut: asyncio.Future[bool] | None = None
 
+    def _ready(self) -> bool:
+        """True when a wait would return at once (for :meth:`_park`'s second look)."""
+        raise NotImplementedError
+
     async def _park(self, clock: Clock, until: float | None) -> bool:
         """Wait on a new future kept in ``_fut``: True when resolved by a wake-up or a
         message, False when ``until`` passes on ``clock``."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._fut = fut
+        if self._ready():
+            # Woken from another thread between the caller's look and ``_fut`` being set:
+            # that waker saw no future to resolve (a table shared by several loops).
+            _resolve(fut, True)
         timer = None if until is None else clock.call_at(until, lambda: _resolve(fut, False))
         try:
             return await fut
@@ -64,6 +78,9 @@ class WakeSlot(_Parked):
         self.woken = False
         # Who waits: the claim's value, which a targeted wake-up names.
         self.tag: str | None = None
+
+    def _ready(self) -> bool:
+        return self.woken
 
     def wake(self) -> None:
         """Mark the slot woken; its waiter, if parked, returns at once."""
@@ -92,8 +109,19 @@ class WakeSlot(_Parked):
 
 
 def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
-    if not fut.done():
-        fut.set_result(value)
+    """Resolve ``fut`` in its own event loop: at once from that loop's thread, else by a
+    thread-safe call (which also wakes that loop's selector)."""
+    loop = fut.get_loop()
+    try:
+        here = asyncio.get_running_loop()
+    except RuntimeError:
+        here = None
+    if here is loop:
+        if not fut.done():
+            fut.set_result(value)
+        return
+    with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(_resolve, fut, value)
 
 
 class WakeHub:
@@ -197,6 +225,9 @@ class Mailbox(_Parked):
     def __init__(self) -> None:
         super().__init__()
         self._messages: deque[str] = deque()
+
+    def _ready(self) -> bool:
+        return bool(self._messages)
 
     def put(self, message: str) -> None:
         self._messages.append(message)

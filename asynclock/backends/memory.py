@@ -8,6 +8,7 @@ of that NAME; ``MemoryBackend()`` has a table of its own.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -35,7 +36,12 @@ class _Holder:
 
 
 class _Table:
-    """Holders per name (several when shared), fences per name, and the waiters' hub."""
+    """Holders per name (several when shared), fences per name, and the waiters' hub.
+
+    Coordinators on several event loops (threads) may share a table: every operation
+    holds ``mutex`` while it reads or changes the table (none awaits meanwhile), and
+    wake-ups reach other loops thread-safely (see :mod:`asynclock._wakeup`).
+    """
 
     __slots__ = (
         "__weakref__",
@@ -43,6 +49,7 @@ class _Table:
         "fences",
         "holders",
         "hub",
+        "mutex",
         "permit_fences",
         "permits",
         "queues",
@@ -50,15 +57,16 @@ class _Table:
         "writer_waiting",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, fences: tuple[dict[str, int], dict[str, int]] | None = None) -> None:
+        self.mutex = threading.RLock()
         self.holders: dict[str, dict[str, _Holder]] = {}
         self.exclusive: dict[str, bool] = {}
-        self.fences: dict[str, int] = {}
+        # Fences per name, and per semaphore apart (a shared table's outlive it).
+        self.fences, self.permit_fences = fences if fences is not None else ({}, {})
         self.hub = WakeHub()
         self.topics: dict[str, set[Mailbox]] = {}
-        # Semaphores: permit holders and fences per name, apart from the locks.
+        # Semaphores: permit holders per name, apart from the locks.
         self.permits: dict[str, dict[str, _Holder]] = {}
-        self.permit_fences: dict[str, int] = {}
         # Fair locks: waiters in arrival order, each with the time its place lapses.
         self.queues: dict[str, dict[str, float]] = {}
         # Read-write locks: until when a waiting writer keeps new readers out, and who.
@@ -86,8 +94,11 @@ class _Table:
 
 
 # Tables shared by name between coordinators of this process; a table lives as long as a
-# backend uses it.
+# backend uses it, its fence counters as long as the process: a name's fences never go
+# back, however coordinators come and go.
 _shared_tables: weakref.WeakValueDictionary[str, _Table] = weakref.WeakValueDictionary()
+_shared_fences: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
+_shared_mutex = threading.Lock()
 
 
 class MemoryBackend(Backend):
@@ -122,53 +133,56 @@ class MemoryBackend(Backend):
     ) -> MemoryBackend:
         """A backend on the process-wide table called ``name``."""
         backend = cls(drift_factor=drift_factor, drift_base=drift_base)
-        table = _shared_tables.get(name)
-        if table is None:
-            table = _shared_tables[name] = backend._table
+        with _shared_mutex:  # coordinators of several threads may connect at once
+            table = _shared_tables.get(name)
+            if table is None:
+                fences = _shared_fences.setdefault(name, ({}, {}))
+                table = _shared_tables[name] = _Table(fences)
         backend._table = table
         backend._label = f"memory://{name}"
         return backend
 
     async def try_acquire(self, claim: Claim, ttl: float, *, wait: float | None = 0.0) -> Attempt:
-        kind = claim.kind
-        if kind is Kind.PERMIT:
-            return self._permit(claim, ttl)
-        shared = kind is Kind.SHARED
-        table = self._table
-        name = claim.name
-        now = self.clock.now()
-        stay = now + claim.recheck + _QUEUE_MARGIN
-        holders = table.live(name, now)
-        if kind is Kind.FAIR:
-            queue = table.queue(name, now)
-            first = next(iter(queue), claim.value)
-            if holders is not None or first != claim.value:
-                if wait != 0:  # a try-once never waits: it takes no place in the line
-                    queue[claim.value] = stay  # joins at the end, or keeps its place
-                left = None if holders is None else _left(holders, now)
-                return Attempt(None, left)
-            queue.pop(claim.value, None)
-        elif shared and name in table.writer_waiting:
-            until, _ = table.writer_waiting[name]
-            if until > now:
-                # A writer waits: readers queue behind it, even while readers hold.
-                return Attempt(None, until - now)
-            del table.writer_waiting[name]
-        if holders is not None and not (shared and not table.exclusive[name]):
-            if not shared and wait != 0:  # a writer that will wait, not try once
-                table.writer_waiting[name] = (stay, claim.value)
-            return Attempt(None, _left(holders, now))
-        if not shared:
-            table.writer_waiting.pop(name, None)
-        fence = table.fences[name] = table.fences.get(name, 0) + 1
-        if holders is None:
-            holders = table.holders[name] = {}
-            table.exclusive[name] = not shared
-        holders[claim.value] = _Holder(now + ttl, fence)
-        if shared:
-            # Let the next waiter see whether it can share too.
-            table.hub.notify_one(name)
-        return Attempt(fence)
+        with self._table.mutex:
+            kind = claim.kind
+            if kind is Kind.PERMIT:
+                return self._permit(claim, ttl)
+            shared = kind is Kind.SHARED
+            table = self._table
+            name = claim.name
+            now = self.clock.now()
+            stay = now + claim.recheck + _QUEUE_MARGIN
+            holders = table.live(name, now)
+            if kind is Kind.FAIR:
+                queue = table.queue(name, now)
+                first = next(iter(queue), claim.value)
+                if holders is not None or first != claim.value:
+                    if wait != 0:  # a try-once never waits: it takes no place in the line
+                        queue[claim.value] = stay  # joins at the end, or keeps its place
+                    left = None if holders is None else _left(holders, now)
+                    return Attempt(None, left)
+                queue.pop(claim.value, None)
+            elif shared and name in table.writer_waiting:
+                until, _ = table.writer_waiting[name]
+                if until > now:
+                    # A writer waits: readers queue behind it, even while readers hold.
+                    return Attempt(None, until - now)
+                del table.writer_waiting[name]
+            if holders is not None and not (shared and not table.exclusive[name]):
+                if not shared and wait != 0:  # a writer that will wait, not try once
+                    table.writer_waiting[name] = (stay, claim.value)
+                return Attempt(None, _left(holders, now))
+            if not shared:
+                table.writer_waiting.pop(name, None)
+            fence = table.fences[name] = table.fences.get(name, 0) + 1
+            if holders is None:
+                holders = table.holders[name] = {}
+                table.exclusive[name] = not shared
+            holders[claim.value] = _Holder(now + ttl, fence)
+            if shared:
+                # Let the next waiter see whether it can share too.
+                table.hub.notify_one(name)
+            return Attempt(fence)
 
     def _permit(self, claim: Claim, ttl: float) -> Attempt:
         table = self._table
@@ -194,50 +208,54 @@ class MemoryBackend(Backend):
         return self._table.live(claim.name, now)
 
     async def extend(self, claim: Claim, ttl: float) -> bool:
-        now = self.clock.now()
-        holders = self._holders(claim, now)
-        holder = None if holders is None else holders.get(claim.value)
-        if holder is None:
-            return False
-        holder.expires_at = now + ttl
-        return True
+        with self._table.mutex:
+            now = self.clock.now()
+            holders = self._holders(claim, now)
+            holder = None if holders is None else holders.get(claim.value)
+            if holder is None:
+                return False
+            holder.expires_at = now + ttl
+            return True
 
     async def extend_many(self, items: Sequence[tuple[Claim, float]]) -> list[bool | None]:
         return [await self.extend(claim, ttl) for claim, ttl in items]
 
     async def release(self, claim: Claim) -> bool:
-        table = self._table
-        now = self.clock.now()
-        holders = self._holders(claim, now)
-        if holders is None or holders.pop(claim.value, None) is None:
-            return False
-        if claim.kind is Kind.PERMIT:
-            table.hub.notify_one(claim.name)  # one permit came free
-        elif not holders:
-            del table.holders[claim.name]
-            del table.exclusive[claim.name]
-            fair = claim.kind is Kind.FAIR
-            first = next(iter(table.queue(claim.name, now)), None) if fair else None
-            if first is not None:
-                table.hub.notify_tag(claim.name, first)  # the first in line, and only it
-            elif claim.kind is Kind.SHARED or claim.name in table.writer_waiting:
-                table.hub.notify_all(claim.name)  # the writer, or every reader
-            else:
-                table.hub.notify_one(claim.name)
-        return True
+        with self._table.mutex:
+            table = self._table
+            now = self.clock.now()
+            holders = self._holders(claim, now)
+            if holders is None or holders.pop(claim.value, None) is None:
+                return False
+            if claim.kind is Kind.PERMIT:
+                table.hub.notify_one(claim.name)  # one permit came free
+            elif not holders:
+                del table.holders[claim.name]
+                del table.exclusive[claim.name]
+                fair = claim.kind is Kind.FAIR
+                first = next(iter(table.queue(claim.name, now)), None) if fair else None
+                if first is not None:
+                    table.hub.notify_tag(claim.name, first)  # the first in line, and only it
+                elif claim.kind is Kind.SHARED or claim.name in table.writer_waiting:
+                    table.hub.notify_all(claim.name)  # the writer, or every reader
+                else:
+                    table.hub.notify_one(claim.name)
+            return True
 
     async def owns(self, claim: Claim, fence: int) -> bool:
-        holders = self._holders(claim, self.clock.now())
-        holder = None if holders is None else holders.get(claim.value)
-        return holder is not None and holder.fence == fence
+        with self._table.mutex:
+            holders = self._holders(claim, self.clock.now())
+            holder = None if holders is None else holders.get(claim.value)
+            return holder is not None and holder.fence == fence
 
     async def inspect(self, name: str) -> LockInfo | None:
-        now = self.clock.now()
-        holders = self._table.live(name, now)
-        if holders is None:
-            return None
-        value, holder = max(holders.items(), key=lambda item: item[1].fence)
-        return LockInfo(name, owner_of(value), holder.expires_at - now, holder.fence)
+        with self._table.mutex:
+            now = self.clock.now()
+            holders = self._table.live(name, now)
+            if holders is None:
+                return None
+            value, holder = max(holders.items(), key=lambda item: item[1].fence)
+            return LockInfo(name, owner_of(value), holder.expires_at - now, holder.fence)
 
     def waiter(self, name: str) -> AbstractAsyncContextManager[WakeSlot]:
         return self._waiter(name)
@@ -245,16 +263,19 @@ class MemoryBackend(Backend):
     @asynccontextmanager
     async def _waiter(self, name: str) -> AsyncIterator[WakeSlot]:
         table = self._table
-        slot = table.hub.register(name)
+        with table.mutex:
+            slot = table.hub.register(name)
         try:
             yield slot
         finally:
-            table.hub.unregister(slot)
-            if slot.tag is not None:
-                self._leave(name, slot.tag)
+            with table.mutex:
+                table.hub.unregister(slot)
+                if slot.tag is not None:
+                    self._leave(name, slot.tag)
 
     def _leave(self, name: str, value: str) -> None:
-        """``value`` stops waiting for ``name`` without the lock (timed out, cancelled)."""
+        """``value`` stops waiting for ``name`` without the lock (timed out, cancelled).
+        Call with the table's mutex held."""
         table = self._table
         # A writer that gives up stops keeping readers out.
         waiting = table.writer_waiting.get(name)
@@ -270,14 +291,16 @@ class MemoryBackend(Backend):
                 table.hub.notify_tag(name, first)
 
     async def give_back(self, claim: Claim, interrupted: Interrupted) -> GiveBack:
-        self._leave(claim.name, claim.value)
+        with self._table.mutex:
+            self._leave(claim.name, claim.value)
         if interrupted is Interrupted.ANSWERED:
             return GiveBack(False)
         return GiveBack(await self.release(claim))
 
     async def publish(self, topic: str, message: str) -> None:
-        for mailbox in self._table.topics.get(topic, ()):
-            mailbox.put(message)
+        with self._table.mutex:
+            for mailbox in self._table.topics.get(topic, ()):
+                mailbox.put(message)
 
     def listen(self, topic: str) -> AbstractAsyncContextManager[Mailbox]:
         return self._listen(topic)
@@ -285,16 +308,18 @@ class MemoryBackend(Backend):
     @asynccontextmanager
     async def _listen(self, topic: str) -> AsyncIterator[Mailbox]:
         mailbox = Mailbox()
-        topics = self._table.topics
-        topics.setdefault(topic, set()).add(mailbox)
+        table = self._table
+        with table.mutex:
+            table.topics.setdefault(topic, set()).add(mailbox)
         try:
             yield mailbox
         finally:
-            listeners = topics.get(topic)
-            if listeners is not None:
-                listeners.discard(mailbox)
-                if not listeners:
-                    del topics[topic]
+            with table.mutex:
+                listeners = table.topics.get(topic)
+                if listeners is not None:
+                    listeners.discard(mailbox)
+                    if not listeners:
+                        del table.topics[topic]
 
     def drop(self, name: str) -> bool:
         """Delete ``name``'s lock as if it had expired, without waking anyone.
@@ -312,13 +337,15 @@ class MemoryBackend(Backend):
         Returns:
             True if the lock was held, False if it was free.
         """
-        table = self._table
-        table.exclusive.pop(name, None)
-        return table.holders.pop(name, None) is not None
+        with self._table.mutex:
+            table = self._table
+            table.exclusive.pop(name, None)
+            return table.holders.pop(name, None) is not None
 
     def waiting(self, name: str | None = None) -> int:
         """Tasks waiting on this backend's table (for ``name``, or all)."""
-        return self._table.hub.waiting(name)
+        with self._table.mutex:
+            return self._table.hub.waiting(name)
 
     def describe(self) -> str:
         return f"MemoryBackend {self._label}"
