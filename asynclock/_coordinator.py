@@ -283,7 +283,8 @@ class Coordinator:
         The bodies of other tasks' leases are cancelled as on loss (their blocks raise
         :class:`~asynclock.LockLost`); a lease whose own body calls ``aclose()`` is
         released instead, and its block ends without error. The close runs to its end
-        even if the call is cancelled, and a later ``aclose()`` waits for it. It is
+        even if the call is cancelled (the ``CancelledError`` is raised once it has), and
+        a later ``aclose()`` waits for it. It is
         bounded: about 5 s for acquires and releases still in flight, then the backend's
         own close (up to its request or socket timeout more, over a server that stopped
         answering). Raises ``RuntimeError`` when called from another event loop than the

@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ._backoff import Backoff
+from ._cancel import CancelMark
 from ._clock import Clock
 from ._engine import Engine
 from ._errors import BackendError, CoordinatorClosed, LeadershipLost, LockError, LockLost
@@ -283,13 +284,11 @@ class Leadership:
     async def _announce(self, kind: str, term: Term) -> None:
         """Best effort: observers also look again on their own. A cancel that arrived
         while the server failed is raised as the cancel, never swallowed with the error."""
-        task = asyncio.current_task()
-        cancels = task.cancelling() if task is not None else 0
+        mark = CancelMark()
         try:
             await self._publish(kind, term.fence)
         except BackendError as exc:
-            if task is not None and task.cancelling() > cancels:
-                raise asyncio.CancelledError from exc
+            mark.raise_if_swallowed(exc)
 
 
 class CampaignWatch(Protocol):

@@ -21,6 +21,7 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 from ._backoff import Backoff
+from ._cancel import finish_shielded
 from ._errors import BackendError, CoordinatorClosed
 from ._stats import Recorder
 from ._tasks import TaskSet
@@ -350,8 +351,9 @@ class Engine(Generic[L]):
             closing = self._closing = asyncio.ensure_future(self._close())
             closing.add_done_callback(_retrieve)
         # Shielded: a cancelled caller (or one whose own lease's loss cancels it) must not
-        # stop the close half-way with server connections still open.
-        await asyncio.shield(closing)
+        # stop the close half-way with server connections still open. (Bounded by
+        # _close itself.)
+        await finish_shielded(closing)
 
     async def _close(self) -> None:
         """The awaited part of :meth:`aclose`, run once as a task of its own. Acquires on

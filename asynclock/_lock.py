@@ -19,6 +19,7 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 
 from ._backoff import Backoff
+from ._cancel import CancelMark
 from ._engine import Engine
 from ._errors import (
     BackendError,
@@ -99,7 +100,7 @@ class Lease:
         "_cancels",
         "_claim",
         "_engine",
-        "_entry_cancelling",
+        "_entry",
         "_in_body",
         "_interval",
         "_quiet",
@@ -143,7 +144,7 @@ class Lease:
         self._releasing = False  # a release failed: it goes on in the background
         # Set by ``async with``: the task to cancel on loss, and its cancel count on entry.
         self._task: asyncio.Task[object] | None = None
-        self._entry_cancelling = 0
+        self._entry: CancelMark | None = None
         self._in_body = False
         self._cancels = 0  # cancels sent to that task because the lease was lost
         # True while an extend request (the watchdog's renewal or extend()) is in flight:
@@ -515,7 +516,7 @@ class Lease:
         """``task`` enters the ``async with`` body of this lease: it is the task to cancel
         on loss, from its cancel count now (engine-internal)."""
         self._task = task
-        self._entry_cancelling = task.cancelling() if task is not None else 0
+        self._entry = CancelMark(task) if task is not None else None
         self._in_body = True
 
     def leave_body(self) -> None:
@@ -593,13 +594,12 @@ class Lease:
             f"lease on {self.name!r} (fence {self.fence}) lost: {self._reason}", name=self.name
         )
         cancelled = isinstance(exc, asyncio.CancelledError)
-        if not self._cancels or task is None:
+        entry = self._entry
+        if not self._cancels or task is None or entry is None:
             if cancelled:
                 return  # an outside cancel: let it propagate
             raise error from exc
-        for _ in range(self._cancels - 1):
-            task.uncancel()
-        if task.uncancel() > self._entry_cancelling:
+        if not entry.take_back(self._cancels):
             if cancelled:
                 return  # cancelled from outside as well: the outside cancel wins
             raise error from exc
@@ -611,7 +611,7 @@ class Lease:
             try:
                 await asyncio.sleep(0)
             except asyncio.CancelledError as pending:
-                if task.cancelling() > self._entry_cancelling:
+                if entry.rose():
                     raise  # a new cancel from outside arrived meanwhile
                 exc = exc or pending
         raise error from exc

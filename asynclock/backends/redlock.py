@@ -37,6 +37,7 @@ from typing import Any, Protocol, TypeVar
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from .._cancel import undo_on_interrupt
 from .._clock import Clock
 from .._errors import BackendError, QuorumError
 from .._tasks import TaskSet
@@ -189,7 +190,7 @@ class RedlockBackend(Backend):
         )
         pending = set(tasks)
         yes = no = 0
-        try:
+        with undo_on_interrupt(expired.abandon, tasks):
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 if wanted is None:
@@ -202,11 +203,6 @@ class RedlockBackend(Backend):
                         no += 1
                 if self._majority.decided(yes, no):
                     break
-        except BaseException:
-            expired.cancel()
-            for task in tasks:
-                task.cancel()
-            raise
         if not pending:  # else the stragglers finish in self._tasks, within the deadline
             expired.cancel()
         return [task.result() if task.done() else None for task in tasks]
@@ -603,6 +599,12 @@ class _Deadline:
         if self.handle is not None:
             self.handle.cancel()
 
+    def abandon(self, tasks: Sequence[asyncio.Future[Any]]) -> None:
+        """The fan-out was interrupted: no timer, and no node operation, outlives it."""
+        self.cancel()
+        for task in tasks:
+            task.cancel()
+
 
 def _straggled(claim: Claim, ttl: float, replies: Sequence[object]) -> None:
     """A majority confirmed an extend to ``ttl``: if a node has not answered (still
@@ -739,20 +741,22 @@ class _RedlockWaiter:
             await node.subscriber.subscribe(channel)
             subscribed.append(node)
 
-        try:
+        with undo_on_interrupt(self._abandon, slot, subscribed):
             await self._each(subscribe)
-        except BaseException:
-            self._hub.unregister(slot)
-            # Cancelled while a slow node had yet to confirm: the nodes that did keep a
-            # reference each (the channel would stay subscribed for good). Drop them.
-            if subscribed:
-                self._tasks.spawn_unless_closed(
-                    self._unsubscribe(subscribed, confirm=False),
-                    name=f"asynclock-redlock-unsubscribe:{channel}",
-                )
-            raise
         self._subscribed = subscribed
         return slot
+
+    def _abandon(self, slot: WakeSlot, subscribed: list[RedisBackend]) -> None:
+        """Entering was interrupted: unregister ``slot``, and drop the subscriptions of
+        the nodes that confirmed (in the background)."""
+        self._hub.unregister(slot)
+        # Cancelled while a slow node had yet to confirm: the nodes that did keep a
+        # reference each (the channel would stay subscribed for good). Drop them.
+        if subscribed:
+            self._tasks.spawn_unless_closed(
+                self._unsubscribe(subscribed, confirm=False),
+                name=f"asynclock-redlock-unsubscribe:{self._channel}",
+            )
 
     async def __aexit__(
         self,

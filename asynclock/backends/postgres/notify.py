@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 from ..._backoff import Backoff
+from ..._cancel import finish_shielded, undo_on_interrupt
 from ..._errors import BackendError
 from ..._tasks import TaskSet
 from ..._wakeup import WakeHub, WakeSlot
@@ -138,21 +139,23 @@ class Listener:
             listeners = self._listeners.setdefault(channel, {})
             listeners[sink] = listeners.get(sink, 0) + 1
             if len(listeners) == 1 and listeners[sink] == 1:
-                try:
+                with undo_on_interrupt(self._unlisten_failed, channel):
                     conn = await self._listening()
                     with self._errors:
                         await self._on_listening(conn, conn.add_listener(channel, self._on_notify))
-                except BaseException:
-                    del self._listeners[channel]
-                    if not self._listeners:  # give the listening connection back
-                        self._in_background(self._stop_if_unused())
-                    raise
         try:
             yield
         finally:
             # Finished even if the caller is cancelled meanwhile: an UNLISTEN cut short
             # would strand the listening connection outside the pool.
-            await asyncio.shield(self._in_background(self._unsubscribe(channel, sink)))
+            await finish_shielded(self._in_background(self._unsubscribe(channel, sink)))
+
+    def _unlisten_failed(self, channel: str) -> None:
+        """The first LISTEN on ``channel`` failed or was interrupted: forget its
+        listeners, and give the listening connection back if nobody else listens."""
+        del self._listeners[channel]
+        if not self._listeners:
+            self._in_background(self._stop_if_unused())
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
         """Run ``work`` to its end whatever happens to the caller (aclose waits for it)."""
@@ -218,15 +221,13 @@ class Listener:
         with contextlib.suppress(Exception):
             conn.remove_termination_listener(self._on_listen_lost)
         try:
-            async with asyncio.timeout(within):
-                for channel in channels:
-                    await conn.remove_listener(channel, self._on_notify)
-                await conn.execute("UNLISTEN *")
-        except BaseException as exc:
-            self._sessions.terminate(conn)
-            if not isinstance(exc, Exception):
-                raise  # a cancel stays a cancel
-            return
+            with undo_on_interrupt(self._sessions.terminate, conn):
+                async with asyncio.timeout(within):
+                    for channel in channels:
+                        await conn.remove_listener(channel, self._on_notify)
+                    await conn.execute("UNLISTEN *")
+        except Exception:
+            return  # closed instead (a cancel stays a cancel)
         await self._sessions.give_back(conn, within)
 
     def _on_notify(self, conn: Any, pid: int, channel: str, payload: str) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import asyncpg
 
+from ..._cancel import undo_on_interrupt
 from ..._errors import BackendError
 from ..._pgkeys import permit_fence_ids, permit_prefix, waiting_key
 from ..._tasks import TaskSet
@@ -309,15 +310,14 @@ class SessionPool:
         (default: the request timeout)."""
         within = self._request_timeout if within is None else within
         try:
-            await conn.raw.execute(
-                self.statements.reset if self.statements is not None else RESET, timeout=within
-            )
-        except BaseException as exc:
-            self.terminate(conn.proxy)
-            if not isinstance(exc, Exception):
-                raise  # a cancel stays a cancel
-        else:
-            await self.give_back(conn.proxy, within)
+            with undo_on_interrupt(self.terminate, conn.proxy):
+                await conn.raw.execute(
+                    self.statements.reset if self.statements is not None else RESET,
+                    timeout=within,
+                )
+        except Exception:
+            return  # closed instead (a cancel stays a cancel)
+        await self.give_back(conn.proxy, within)
 
     async def give_back(self, proxy: Any, within: float | None = None) -> None:
         """Return a connection whose last statement was answered to the pool. The pool

@@ -30,6 +30,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..._cancel import CancelMark
+
 __all__ = ("Callback", "Pipe", "StaleConnection", "pack", "pipe_for")
 
 Callback = Callable[[Any], None]
@@ -218,14 +220,13 @@ class Pipe:
         if connecting is None:
             connecting = self._connecting = asyncio.ensure_future(self._connect())
             connecting.add_done_callback(self._connected)
-        task = asyncio.current_task()
-        cancels = task.cancelling() if task is not None else 0
+        mark = CancelMark()
         try:
             # Shielded: a caller that gives up must not cancel the others' connect (it is
             # bounded by the connect timeout, and aclose() cancels it).
             return await asyncio.shield(connecting)
         except asyncio.CancelledError:
-            if connecting.cancelled() and (task is None or task.cancelling() == cancels):
+            if connecting.cancelled() and not mark.rose():
                 # aclose() stopped the connect: no cancel of this caller's.
                 raise RedisConnectionError("the coordinator was closed") from None
             raise

@@ -23,6 +23,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ResponseError
 
 from ..._backoff import Backoff
+from ..._cancel import undo_on_interrupt
 from ..._errors import BackendError, map_backend_errors
 from ..._tasks import TaskSet
 from ..._wakeup import Mailbox, WakeHub, WakeSlot
@@ -73,11 +74,8 @@ class Waiter:
 
     async def __aenter__(self) -> WakeSlot:
         slot = self._slot = self._hub.register(self._channel)
-        try:
+        with undo_on_interrupt(self._hub.unregister, slot):
             await self._subscriber.subscribe(self._inbox)
-        except BaseException:
-            self._hub.unregister(slot)
-            raise
         return slot
 
     async def __aexit__(
@@ -131,11 +129,8 @@ class Listener:
 
     async def __aenter__(self) -> Mailbox:
         self._subscriber.deliver(self._channel, self._mailbox)
-        try:
+        with undo_on_interrupt(self._subscriber.undeliver, self._channel, self._mailbox):
             await self._subscriber.subscribe(self._channel)
-        except BaseException:
-            self._subscriber.undeliver(self._channel, self._mailbox)
-            raise
         return self._mailbox
 
     async def __aexit__(
@@ -707,15 +702,12 @@ class ShardedSubscriber:
                 subscriber = self._route[channel]
             self._refs[channel] = self._refs.get(channel, 0) + 1
             try:
-                await subscriber.subscribe(channel)
+                with undo_on_interrupt(self._forget, channel):
+                    await subscriber.subscribe(channel)
             except BackendError as exc:
-                self._forget(channel)
                 if self._closed:
                     raise
                 logger.info("%s: subscribing to %s failed (%s)", self._where, channel, exc)
-            except BaseException:
-                self._forget(channel)
-                raise
             else:
                 # Subscribed: references without a subscription (see the class) share it.
                 orphans = min(self._orphans.pop(channel, 0), self._refs.get(channel, 1) - 1)

@@ -23,6 +23,7 @@ from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
 
+from ..._cancel import CancelMark
 from ..._errors import map_backend_errors
 from ..._tasks import TaskSet
 from . import scripts
@@ -71,13 +72,12 @@ class _Link:
         self._closed = False
 
     async def execute(self, *args: Any) -> Any:
-        task = asyncio.current_task()
-        cancels = task.cancelling() if task is not None else 0
+        mark = CancelMark()
         try:
             async with self.pinned() as run:
                 return await run(*args)
         except RedisConnectionError as exc:
-            _raise_swallowed_cancel(task, cancels, exc)
+            mark.raise_if_swallowed(exc)
             if not isinstance(exc.__context__, ReadOnlyError):
                 raise
         # Sentinel: the master we were connected to was demoted and refused the command
@@ -90,10 +90,9 @@ class _Link:
         """One connection for several commands in a row (``WAIT`` after a write)."""
         if self._closed:
             raise RedisConnectionError("the coordinator was closed")
-        # Counted before any await: a connect (Sentinel asks the sentinels) can swallow a
-        # cancel as a send can (see _raise_swallowed_cancel).
-        task = asyncio.current_task()
-        cancels = task.cancelling() if task is not None else 0
+        # Marked before any await: a connect (Sentinel asks the sentinels) can swallow a
+        # cancel as a send can (see the module docstring).
+        mark = CancelMark()
         idle = self._idle
         kept = bool(idle)
         if kept:
@@ -104,7 +103,7 @@ class _Link:
         async def run(*args: Any) -> Any:
             await conn.send_packed_command(pack(args), check_health=False)
             reply = await conn.read_response()
-            _raise_swallowed_cancel(task, cancels)
+            mark.raise_if_swallowed()
             return reply
 
         try:
@@ -138,19 +137,6 @@ class _Link:
         idle, self._idle = self._idle, []
         for conn in idle:
             await self._pool.release(conn)
-
-
-def _raise_swallowed_cancel(
-    task: asyncio.Task[Any] | None, cancels: int, error: Exception | None = None
-) -> None:
-    """Raise the ``CancelledError`` of a cancel that arrived during redis-py commands and
-    did not surface (``cancels``: ``task.cancelling()`` before them). redis-py sends and
-    connects under ``asyncio.wait_for``, which on Python 3.11 returns the inner result
-    when the cancel lands as it finishes. The reply (or ``error``, which a cancel in
-    flight must not be replaced by) is dropped; the caller undoes what it may have done,
-    as for any interrupted request."""
-    if task is not None and task.cancelling() > cancels:
-        raise asyncio.CancelledError from error
 
 
 class _Run(Protocol):
@@ -199,13 +185,12 @@ class _ClusterLink:
         if self._closed:
             raise RedisConnectionError("the coordinator was closed")
         async with self._slots:
-            task = asyncio.current_task()
-            cancels = task.cancelling() if task is not None else 0
+            mark = CancelMark()
             for attempt in range(_CLUSTER_SEND_TRIES):
                 try:
                     reply = await self._client.execute_command(*args)
                 except Exception as exc:
-                    _raise_swallowed_cancel(task, cancels, exc)
+                    mark.raise_if_swallowed(exc)
                     if not isinstance(exc, AttributeError):
                         raise
                     # redis-py 8.1's cluster client can send on a connection that another
@@ -217,7 +202,7 @@ class _ClusterLink:
                             f"cluster connection closed under the command: {exc}"
                         ) from exc
                 else:
-                    _raise_swallowed_cancel(task, cancels)
+                    mark.raise_if_swallowed()
                     return reply
             raise AssertionError("not reached")
 
@@ -262,25 +247,18 @@ class Transport:
         if self._cluster:
             script = scripts.sharded(script)
         execute = self._link.execute
-        task = asyncio.current_task()
-        cancels = task.cancelling() if task is not None else 0
-        try:
-            with self._errors:
-                try:
-                    reply = await execute("EVALSHA", script.sha, numkeys, *args)
-                except ResponseError as exc:
-                    if not _noscript(exc):
-                        raise
-                    # After a restart, a failover or SCRIPT FLUSH: load it, try once more.
-                    logger.debug("script %s not loaded on %s; loading", script.name, self._where)
-                    await self._load(script, execute)
-                    reply = await execute("EVALSHA", script.sha, numkeys, *args)
-        except Exception as exc:
-            # A cancel swallowed by a first command must not be replaced by the error of
-            # a second one (the NOSCRIPT reload above, a reconnect).
-            _raise_swallowed_cancel(task, cancels, exc)
-            raise
-        _raise_swallowed_cancel(task, cancels)
+        # A cancel swallowed by a first command must not be replaced by the error of a
+        # second one (the NOSCRIPT reload below, a reconnect).
+        with CancelMark(), self._errors:
+            try:
+                reply = await execute("EVALSHA", script.sha, numkeys, *args)
+            except ResponseError as exc:
+                if not _noscript(exc):
+                    raise
+                # After a restart, a failover or SCRIPT FLUSH: load it, try once more.
+                logger.debug("script %s not loaded on %s; loading", script.name, self._where)
+                await self._load(script, execute)
+                reply = await execute("EVALSHA", script.sha, numkeys, *args)
         return reply
 
     async def _load(self, script: scripts.Script, execute: _Run) -> None:
@@ -310,12 +288,11 @@ class Transport:
         that ``WAIT`` waits for (see ``ACQUIRE``)."""
         link = self._link
         assert isinstance(link, _Link)  # sync_replicas never uses the pipelined link
-        task = asyncio.current_task()
-        cancels = task.cancelling() if task is not None else 0
+        mark = CancelMark()
         try:
             return await self._run_synced(link, call, undo, replicas, timeout_ms)
         except Exception as exc:
-            _raise_swallowed_cancel(task, cancels, exc)  # not replaced by the error
+            mark.raise_if_swallowed(exc)  # not replaced by the error
             raise
 
     async def _run_synced(
