@@ -19,7 +19,7 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 
 from ._backoff import Backoff
-from ._cancel import CancelMark
+from ._cancel import CancelMark, undo_on_interrupt
 from ._engine import Engine
 from ._errors import (
     BackendError,
@@ -928,13 +928,11 @@ class Lock:
         # Subscribe first, then try: a release between the failed attempt and the sleep
         # is recorded on the slot, never lost.
         waiter = engine.backend.waiter(self.name)
-        try:
+        # Stopped while subscribing, or while leaving the wait without the lock: the
+        # first attempt's place in the queue would keep others out until it lapses.
+        give_up = (engine.give_back_in_background, claim, self.ttl, Interrupted.ANSWERED)
+        with undo_on_interrupt(*give_up):
             slot = await self._enter(waiter, deadline)
-        except BaseException:
-            # Stopped while subscribing: the first attempt's place in the queue would
-            # keep others out until it lapses.
-            engine.give_back_in_background(claim, self.ttl, Interrupted.ANSWERED)
-            raise
         slot.tag = claim.value  # a release that names this claim wakes this slot
         engine.waiting.add(slot)
         try:
@@ -943,21 +941,14 @@ class Lock:
             finally:
                 engine.waiting.discard(slot)
         except BaseException as exc:
-            try:
+            # Raised in place of ``exc`` if leaving fails, as ``async with`` would.
+            with undo_on_interrupt(*give_up):
                 await waiter.__aexit__(type(exc), exc, exc.__traceback__)
-            except BaseException:
-                # Leaving the wait was interrupted or failed: it may not have left the
-                # queue. (Raised in place of ``exc``, as ``async with`` would.)
-                engine.give_back_in_background(claim, self.ttl, Interrupted.ANSWERED)
-                raise
             raise
-        try:
-            # Leaving the wait can suspend (an unsubscribe on its way) after the grant.
+        # Leaving the wait can suspend (an unsubscribe on its way) after the grant: a
+        # cancel or an error there means no Lease will be made, so the grant goes back.
+        with undo_on_interrupt(engine.release_in_background, claim, self.ttl):
             await waiter.__aexit__(None, None, None)
-        except BaseException:
-            # A cancel or an error there means no Lease will be made: give the grant back.
-            engine.release_in_background(claim, self.ttl)
-            raise
         return result
 
     async def _enter(

@@ -150,9 +150,9 @@ MUTANTS = (
         (
             (
                 "_lock.py",
-                "            engine.release_in_background(claim, self.ttl)\n"
-                "            raise\n        return result\n",
-                "            raise  # the grant is dropped\n        return result\n",
+                "        with undo_on_interrupt(engine.release_in_background, claim, self.ttl):\n"
+                "            await waiter.__aexit__(None, None, None)\n",
+                "        await waiter.__aexit__(None, None, None)  # the grant is dropped\n",
             ),
         ),
     ),
@@ -162,10 +162,9 @@ MUTANTS = (
         (
             (
                 "_lock.py",
-                "                engine.give_back_in_background(claim, self.ttl, "
-                "Interrupted.ANSWERED)\n"
-                "                raise\n            raise\n",
-                "                raise\n            raise\n",
+                "            with undo_on_interrupt(*give_up):\n"
+                "                await waiter.__aexit__(type(exc), exc, exc.__traceback__)\n",
+                "            await waiter.__aexit__(type(exc), exc, exc.__traceback__)\n",
             ),
         ),
     ),
