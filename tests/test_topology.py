@@ -90,7 +90,7 @@ async def _sentinel_clients(
     setup: SentinelSetup,
 ) -> AsyncIterator[tuple[redis.asyncio.Redis, redis.asyncio.Redis]]:
     """redis-py's ``master_for`` and ``slave_for`` clients of the setup's service."""
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
         setup.sentinels, socket_timeout=1.0, socket_connect_timeout=1.0
     )
     master = sentinel.master_for(setup.service)

@@ -215,7 +215,7 @@ def _sentinel_client(url: str, max_connections: int, options: dict[str, Any]) ->
         if not isinstance(given, dict):
             raise TypeError(f"sentinel_kwargs must be a dict, got {type(given).__name__}")
         sentinel_kwargs.update(given)
-    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **credentials, **options)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **credentials, **options)  # type: ignore[no-untyped-call,unused-ignore]
     client: Redis = sentinel.master_for(service, max_connections=max_connections)
     client.connection_pool.asynclock_sentinel = sentinel  # type: ignore[attr-defined]
     return client
