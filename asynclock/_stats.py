@@ -63,6 +63,16 @@ class LatencySummary:
     max: float
 
 
+def _log_lease(level: int, message: str, name: str, fence: int, *args: object) -> None:
+    """Log ``message`` about the lease ``fence`` on lock ``name`` (its first two
+    arguments, then ``args``), with both as the record's ``asynclock_lock`` and
+    ``asynclock_fence`` attributes."""
+    if logger.isEnabledFor(level):
+        extra = {"asynclock_lock": name, "asynclock_fence": fence}
+        # stacklevel: the record names the method that logs, not this helper.
+        logger.log(level, message, name, fence, *args, extra=extra, stacklevel=2)
+
+
 def _summary(samples: deque[float]) -> LatencySummary:
     if not samples:
         return LatencySummary(0, 0.0, 0.0, 0.0, 0.0)
@@ -165,14 +175,7 @@ class Recorder:
         self.waiting -= 1
         self.acquisitions += 1
         self.acquire_samples.append(seconds)
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "acquired %r fence=%d in %.3f ms",
-                name,
-                fence,
-                seconds * 1000,
-                extra={"asynclock_lock": name, "asynclock_fence": fence},
-            )
+        _log_lease(logging.DEBUG, "acquired %r fence=%d in %.3f ms", name, fence, seconds * 1000)
         if self._meter is not None:
             self._waiting.add(-1, self._attributes)
             self._held.add(1, self._attributes)
@@ -207,13 +210,7 @@ class Recorder:
 
     def released(self, name: str, fence: int) -> None:
         self.releases += 1
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "released %r fence=%d",
-                name,
-                fence,
-                extra={"asynclock_lock": name, "asynclock_fence": fence},
-            )
+        _log_lease(logging.DEBUG, "released %r fence=%d", name, fence)
         if self._meter is not None:
             self._releases.add(1, self._attributes)
             self._held.add(-1, self._attributes)
@@ -223,12 +220,12 @@ class Recorder:
         when the loss was noticed, was confirmed): one more release; it stopped being
         held at the loss already."""
         self.releases += 1
-        logger.info(
+        _log_lease(
+            logging.INFO,
             "release of %r (fence %d) was confirmed after its lease was marked lost: "
             "it ends released",
             name,
             fence,
-            extra={"asynclock_lock": name, "asynclock_fence": fence},
         )
         if self._meter is not None:
             self._releases.add(1, self._attributes)
@@ -241,13 +238,7 @@ class Recorder:
 
     def lost(self, name: str, fence: int, reason: str) -> None:
         self.losses += 1
-        logger.warning(
-            "lease on %r (fence %d) lost: %s",
-            name,
-            fence,
-            reason,
-            extra={"asynclock_lock": name, "asynclock_fence": fence},
-        )
+        _log_lease(logging.WARNING, "lease on %r (fence %d) lost: %s", name, fence, reason)
         if self._meter is not None:
             self._losses.add(1, self._attributes)
             self._held.add(-1, self._attributes)

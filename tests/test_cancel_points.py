@@ -50,7 +50,7 @@ import asynclock
 from asynclock import BackendError, Backoff, Coordinator, Lease, LockTimeout
 from asynclock._lock import Lock
 from asynclock.backends import Kind, PostgresBackend
-from asynclock.integrations import _hold
+from asynclock.integrations._common import hold
 
 from ._cancel_points import Stepper, TaskOwners, instrument, owner, phase
 from .conftest import MakeCoord
@@ -182,7 +182,7 @@ async def perform(coord: Coordinator, op: Op, name: str, lease: Lease | None) ->
                 await asyncio.sleep(0)
         return None
     if op.action == "hold":
-        async with _hold(coord, name, ttl=TTL, timeout=None):
+        async with hold(coord, name, ttl=TTL, timeout=None):
             with phase("body"):
                 await asyncio.sleep(0)
         return None

@@ -32,7 +32,6 @@ Needs aiohttp 3.14 or later (``pip install 'asynclock[aiohttp]'``).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import string
@@ -40,32 +39,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
 
+from . import _common as common
+
 try:
     from aiohttp import hdrs, web
 except ImportError as exc:
-    raise ImportError(
-        f"asynclock.integrations.aiohttp needs aiohttp: pip install 'asynclock[aiohttp]' ({exc})"
-    ) from exc
+    raise common.needs_extra(__name__, "aiohttp", "aiohttp", exc) from exc
 
 from .._backoff import Backoff
 from .._coordinator import Coordinator
 from .._lock import Lease
-from . import (
-    LeaderCallback,
-    LeaderTaskStatus,
-    OnError,
-    _check_lock_options,
-    _check_target,
-    _hold,
-    _HoldTimes,
-    _LeaderRunner,
-    _LeaderSpec,
-    _make_coordinator,
-    _Refusal,
-    _start_leaders,
-    _stop_leaders,
-    _Template,
-)
+from . import LeaderCallback, LeaderTaskStatus, OnError
 
 __all__ = (
     "COORDINATOR",
@@ -97,7 +81,7 @@ _TEMPLATE_ATTR = "__asynclock_template__"
 class _AppState:
     target: str | Sequence[str] | Coordinator
     options: dict[str, Any]
-    leaders: list[_LeaderRunner] = field(default_factory=list)
+    leaders: common.LeaderTasks = field(default_factory=common.LeaderTasks)
 
 
 _STATE: Final = web.AppKey("asynclock_state", _AppState)
@@ -140,7 +124,7 @@ def setup(
         raise RuntimeError("asynclock setup() was already called for this app")
     if app.pre_frozen:
         raise RuntimeError("call asynclock setup() before the app starts")
-    _check_target(target, connect_options)
+    common.check_target(target, connect_options)
     app[_STATE] = _AppState(target, dict(connect_options))
     app.cleanup_ctx.append(_lifetime)
 
@@ -181,16 +165,7 @@ def leader_task(
         raise RuntimeError("call asynclock setup(app, ...) before leader_task(app, ...)")
     if app.pre_frozen:
         raise RuntimeError("register leader tasks before the app starts")
-    spec = _LeaderSpec.make(
-        name,
-        callback,
-        ttl=ttl,
-        identity=identity,
-        on_error=on_error,
-        retry=retry,
-        registered=[runner.spec for runner in state.leaders],
-    )
-    state.leaders.append(_LeaderRunner(spec))
+    state.leaders.add(name, callback, ttl=ttl, identity=identity, on_error=on_error, retry=retry)
 
 
 def leader_status(app: web.Application | web.Request) -> dict[str, LeaderTaskStatus]:
@@ -204,26 +179,17 @@ def leader_status(app: web.Application | web.Request) -> dict[str, LeaderTaskSta
     state = app.config_dict.get(_STATE) if isinstance(app, web.Request) else app.get(_STATE)
     if state is None:
         raise RuntimeError("call asynclock setup(app, ...) before leader_status()")
-    return {runner.spec.name: runner.status() for runner in state.leaders}
+    return state.leaders.status()
 
 
 async def _lifetime(app: web.Application) -> AsyncIterator[None]:
     state = app[_STATE]
     _check_routes(app)
-    coord, owned = _make_coordinator(state.target, state.options)
-    if coord.closed:
-        raise RuntimeError("the Coordinator given to asynclock setup() was closed")
-    app[COORDINATOR] = coord
-    tasks: list[asyncio.Task[None]] = []
-    try:
-        tasks = _start_leaders(coord, state.leaders)
+    async with common.serving(
+        state.target, state.options, state.leaders, owner="asynclock setup()"
+    ) as coord:
+        app[COORDINATOR] = coord
         yield
-    finally:
-        try:
-            await _stop_leaders(tasks)
-        finally:
-            if owned:
-                await coord.aclose()
 
 
 def locked(
@@ -245,14 +211,14 @@ def locked(
     Raises ``TypeError``/``ValueError`` now for a bad template (only named fields),
     ``ttl`` or ``timeout``, or a handler that is not an ``async def``.
     """
-    parsed = _Template(template)
-    ttl, timeout = _check_lock_options(ttl, timeout)
+    parsed = common.Template(template)
+    ttl, timeout = common.check_lock_options(ttl, timeout)
 
     def decorate(handler: Handler) -> Handler:
         if not inspect.iscoroutinefunction(handler):
             shown = getattr(handler, "__qualname__", handler)
             raise TypeError(f"@locked needs an async def handler, got {shown!r}")
-        times = _HoldTimes()
+        times = common.HoldTimes()
 
         @functools.wraps(handler)
         async def locked_handler(*args: Any, **kwargs: Any) -> web.StreamResponse:
@@ -267,10 +233,10 @@ def locked(
             where = f"resource {resource.canonical if resource else request.path!r}"
             name = parsed.format(request.match_info, where)
             try:
-                async with _hold(coord, name, ttl=ttl, timeout=timeout, times=times) as lease:
+                async with common.hold(coord, name, ttl=ttl, timeout=timeout, times=times) as lease:
                     request[LEASE] = lease
                     return await handler(*args, **kwargs)
-            except _Refusal as refusal:
+            except common.Refusal as refusal:
                 raise _ERRORS[refusal.status](
                     text=refusal.detail, headers=refusal.headers
                 ) from refusal.__cause__
@@ -309,16 +275,11 @@ def _check_routes(app: web.Application) -> None:
         for route in resource:
             for handler in _handlers(route.handler):
                 template = getattr(handler, _TEMPLATE_ATTR, None)
-                if not isinstance(template, _Template):
+                if not isinstance(template, common.Template):
                     continue
-                missing = template.missing(names)
-                if missing:
-                    raise ValueError(
-                        f"resource {resource.canonical!r}: lock template {template} needs "
-                        f"path parameter(s) {', '.join(map(repr, missing))}, which the "
-                        f"resource does not have (its path parameters: "
-                        f"{', '.join(map(repr, sorted(names))) or 'none'})"
-                    )
+                problem = template.lacking(names, "the resource")
+                if problem is not None:
+                    raise ValueError(f"resource {resource.canonical!r}: {problem}")
 
 
 def _handlers(handler: object) -> Iterable[object]:

@@ -36,10 +36,11 @@ Needs FastAPI 0.121 or later (``pip install 'asynclock[fastapi]'``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, Literal
+
+from . import _common as common
 
 try:
     from fastapi import HTTPException, Request, params
@@ -48,29 +49,12 @@ try:
     from starlette.applications import Starlette
     from starlette.routing import BaseRoute
 except ImportError as exc:
-    raise ImportError(
-        f"asynclock.integrations.fastapi needs FastAPI: pip install 'asynclock[fastapi]' ({exc})"
-    ) from exc
+    raise common.needs_extra(__name__, "FastAPI", "fastapi", exc) from exc
 
 from .._backoff import Backoff
 from .._coordinator import Coordinator
 from .._lock import Lease
-from . import (
-    LeaderCallback,
-    LeaderTaskStatus,
-    OnError,
-    _check_lock_options,
-    _check_target,
-    _hold,
-    _HoldTimes,
-    _LeaderRunner,
-    _LeaderSpec,
-    _make_coordinator,
-    _Refusal,
-    _start_leaders,
-    _stop_leaders,
-    _Template,
-)
+from . import LeaderCallback, LeaderTaskStatus, OnError
 
 __all__ = ("DependencyScope", "FastAPILocks", "LeaderTaskStatus", "OnError")
 
@@ -101,16 +85,15 @@ class FastAPILocks:
     def __init__(
         self, target: str | Sequence[str] | Coordinator, /, **connect_options: Any
     ) -> None:
-        _check_target(target, connect_options)
+        common.check_target(target, connect_options)
         self._target = target
         self._options = dict(connect_options)
         self._coord: Coordinator | None = None
         self._running = False
-        self._leaders: list[_LeaderRunner] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._leaders = common.LeaderTasks()
         # Every lock dependency made here, with its template: checked against the
         # routes at startup.
-        self._templates: dict[Callable[..., Any], _Template] = {}
+        self._templates: dict[Callable[..., Any], common.Template] = {}
 
     @property
     def coordinator(self) -> Coordinator:
@@ -145,23 +128,16 @@ class FastAPILocks:
         if self._running:
             raise RuntimeError("this FastAPILocks is already running an app")
         self._check_routes(app.routes, frozenset())
-        coord, owned = _make_coordinator(self._target, self._options)
-        if coord.closed:
-            raise RuntimeError("the Coordinator given to FastAPILocks was closed")
         self._running = True
-        self._coord = coord
         try:
-            self._tasks = _start_leaders(coord, self._leaders)
-            yield
+            async with common.serving(
+                self._target, self._options, self._leaders, owner="FastAPILocks"
+            ) as coord:
+                self._coord = coord
+                yield
         finally:
-            try:
-                await _stop_leaders(self._tasks)
-            finally:
-                self._tasks = []
-                self._coord = None
-                self._running = False
-                if owned:
-                    await coord.aclose()
+            self._coord = None
+            self._running = False
 
     def lock(
         self,
@@ -195,11 +171,11 @@ class FastAPILocks:
         which cannot be cancelled: use ``async def``. Raises ``TypeError``/``ValueError``
         now for a bad template (only named fields), ``ttl``, ``timeout`` or ``scope``.
         """
-        parsed = _Template(template)
-        ttl, timeout = _check_lock_options(ttl, timeout)
+        parsed = common.Template(template)
+        ttl, timeout = common.check_lock_options(ttl, timeout)
         if scope not in ("function", "request"):
             raise ValueError(f"scope must be 'function' or 'request', got {scope!r}")
-        times = _HoldTimes()
+        times = common.HoldTimes()
 
         async def hold_lock(request: Request) -> AsyncIterator[Lease]:
             coord = self.coordinator
@@ -207,9 +183,9 @@ class FastAPILocks:
             where = f"route {getattr(route, 'path', request.url.path)!r}"
             name = parsed.format(request.path_params, where)
             try:
-                async with _hold(coord, name, ttl=ttl, timeout=timeout, times=times) as lease:
+                async with common.hold(coord, name, ttl=ttl, timeout=timeout, times=times) as lease:
                     yield lease
-            except _Refusal as refusal:
+            except common.Refusal as refusal:
                 raise HTTPException(
                     refusal.status, refusal.detail, refusal.headers or None
                 ) from refusal.__cause__
@@ -252,43 +228,31 @@ class FastAPILocks:
         """
         if self._running:
             raise RuntimeError("register leader tasks before the app starts")
-        spec = _LeaderSpec.make(
-            name,
-            callback,
-            ttl=ttl,
-            identity=identity,
-            on_error=on_error,
-            retry=retry,
-            registered=[runner.spec for runner in self._leaders],
+        self._leaders.add(
+            name, callback, ttl=ttl, identity=identity, on_error=on_error, retry=retry
         )
-        self._leaders.append(_LeaderRunner(spec))
 
     def leader_status(self) -> dict[str, LeaderTaskStatus]:
         """Each leader task's state by election name, for a readiness or health
         endpoint: ``{name: status.as_dict() for name, status in
         locks.leader_status().items()}``. Before startup and after shutdown every task
         is ``"stopped"``."""
-        return {runner.spec.name: runner.status() for runner in self._leaders}
+        return self._leaders.status()
 
     def _check_routes(self, routes: Iterable[BaseRoute], inherited: frozenset[str]) -> None:
         for route in routes:
             names = inherited | frozenset(getattr(route, "param_convertors", None) or ())
             if isinstance(route, APIRoute):
                 for template in self._templates_of(route.dependant):
-                    missing = template.missing(names)
-                    if missing:
-                        raise ValueError(
-                            f"route {route.path!r}: lock template {template} needs path "
-                            f"parameter(s) {', '.join(map(repr, missing))}, which the route "
-                            f"does not have (its path parameters: "
-                            f"{', '.join(map(repr, sorted(names))) or 'none'})"
-                        )
+                    problem = template.lacking(names, "the route")
+                    if problem is not None:
+                        raise ValueError(f"route {route.path!r}: {problem}")
                 continue
             children = getattr(route, "routes", None)  # Mount and Host
             if isinstance(children, list):
                 self._check_routes(children, names)
 
-    def _templates_of(self, dependant: Dependant) -> Iterable[_Template]:
+    def _templates_of(self, dependant: Dependant) -> Iterable[common.Template]:
         for sub in dependant.dependencies:
             if sub.call is not None and sub.call in self._templates:
                 yield self._templates[sub.call]
@@ -296,5 +260,4 @@ class FastAPILocks:
 
     def __repr__(self) -> str:
         state = repr(self._coord) if self._coord is not None else "not running"
-        leaders = [runner.spec.name for runner in self._leaders]
-        return f"<FastAPILocks {state} leader_tasks={leaders}>"
+        return f"<FastAPILocks {state} leader_tasks={self._leaders.names()}>"

@@ -245,12 +245,8 @@ class RedisBackend(Backend):
         *,
         queue: float | None = None,
     ) -> Call:
-        """The acquire script: the new fence (> 0), or minus the holder's ms left (<= 0).
-
-        ``floor``: the fence is at least this (Redlock proposes one value to all nodes).
-        ``queue``: if refused, join the waiter queue, keeping the place this many seconds
-        (the caller waits for a wake-up on :meth:`inbox` and tries again within that time).
-        """
+        """The acquire script (:meth:`.calls.Calls.acquire`, which says what ``floor`` and
+        ``queue`` do): the new fence (> 0), or minus the holder's ms left (<= 0)."""
         return self._calls.acquire(keys, value, ttl, floor, queue=queue)
 
     def raise_fence_call(self, keys: Keys, value: str, fence: int, ttl: float) -> Call:

@@ -8,7 +8,7 @@ each key holds.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 __all__ = ("KeySchema", "Keys", "check_prefix")
 
@@ -23,11 +23,24 @@ def check_prefix(prefix: object) -> str:
     return prefix
 
 
-class Keys(NamedTuple):
+class _Derived:
+    """A key of a read-write lock or a semaphore: the lock key and a suffix, made when
+    read (a plain lock never pays for these names)."""
+
+    def __init__(self, suffix: str, doc: str) -> None:
+        self.suffix = suffix
+        self.__doc__ = doc
+
+    def __get__(self, keys: Keys, owner: type[Keys] | None = None) -> str:
+        return keys.lock + self.suffix
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
     """The names behind one lock; they share the hash tag ``{name}``.
 
-    The keys of read-write locks and semaphores are properties, made when asked for:
-    a plain lock never pays for their names.
+    The keys of read-write locks and semaphores are derived from :attr:`lock` when asked
+    for: a plain lock never pays for their names.
     """
 
     lock: str
@@ -36,57 +49,25 @@ class Keys(NamedTuple):
     queue: str  # exclusive waiters in arrival order (a sorted set)
     due: str  # when each waiter's place in the queue lapses (a hash)
 
-    @property
-    def released(self) -> str:
-        """Values whose release of the lock (or of a reader) ran lately (a sorted set:
-        SHA1 of the value -> when that memory ends, ms): a release sent again finds its
-        own."""
-        return self.lock + ":released"
-
-    @property
-    def readers(self) -> str:
-        """Readers holding the name (a sorted set: value -> expiry, ms)."""
-        return self.lock + ":readers"
-
-    @property
-    def reader_grants(self) -> str:
-        """Each reader's fence (a hash)."""
-        return self.lock + ":readers:grants"
-
-    @property
-    def reader_queue(self) -> str:
-        return self.lock + ":readers:queue"
-
-    @property
-    def reader_due(self) -> str:
-        return self.lock + ":readers:due"
-
-    @property
-    def permits(self) -> str:
-        """Holders of the semaphore ``name`` (a sorted set: value -> expiry, ms)."""
-        return self.lock + ":permits"
-
-    @property
-    def permit_fence(self) -> str:
-        """The semaphore's own fence counter."""
-        return self.lock + ":permits:fence"
-
-    @property
-    def permit_grants(self) -> str:
-        return self.lock + ":permits:grants"
-
-    @property
-    def permit_queue(self) -> str:
-        return self.lock + ":permits:queue"
-
-    @property
-    def permit_due(self) -> str:
-        return self.lock + ":permits:due"
-
-    @property
-    def permit_released(self) -> str:
-        """Values whose permit's release ran lately (as :attr:`released`)."""
-        return self.lock + ":permits:released"
+    released = _Derived(
+        ":released",
+        "Values whose release of the lock (or of a reader) ran lately (a sorted set: SHA1 "
+        "of the value -> when that memory ends, ms): a release sent again finds its own.",
+    )
+    readers = _Derived(":readers", "Readers holding the name (a sorted set: value -> expiry, ms).")
+    reader_grants = _Derived(":readers:grants", "Each reader's fence (a hash).")
+    reader_queue = _Derived(":readers:queue", "Waiting readers in arrival order.")
+    reader_due = _Derived(":readers:due", "When each waiting reader's place lapses.")
+    permits = _Derived(
+        ":permits", "Holders of the semaphore ``name`` (a sorted set: value -> expiry, ms)."
+    )
+    permit_fence = _Derived(":permits:fence", "The semaphore's own fence counter.")
+    permit_grants = _Derived(":permits:grants", "Each permit holder's fence (a hash).")
+    permit_queue = _Derived(":permits:queue", "The semaphore's waiters in arrival order.")
+    permit_due = _Derived(":permits:due", "When each waiter's place for a permit lapses.")
+    permit_released = _Derived(
+        ":permits:released", "Values whose permit's release ran lately (as :attr:`released`)."
+    )
 
 
 class KeySchema:

@@ -210,6 +210,30 @@ local function released_lately(released, id, now)
 end
 """.replace("RELEASED_CAP", str(RELEASED_CAP))
 
+# A holder with its own expiry (reader, permit) gives its value back: taken out of the
+# holders' ``set`` and ``grants``, and remembered as released (``id``, its SHA1) if its
+# lease had not ended and ``live`` (the caller's own condition) holds. Returns nil when
+# it was released now, else the script's answer: 0 when it was not held (or its lease
+# had ended), 1 when its release ran lately (the same release sent again).
+_GIVE_BACK = (
+    _RELEASED
+    + """
+local function give_back(set, grants, released, value, id, now, window, live)
+  local mine = redis.call('ZSCORE', set, value)
+  if not mine then
+    return released_lately(released, id, now)
+  end
+  redis.call('ZREM', set, value)
+  redis.call('HDEL', grants, value)
+  if tonumber(mine) <= now or not live then
+    return 0  -- its lease had ended
+  end
+  remember(released, id, now, window)
+  return nil
+end
+"""
+)
+
 # The oldest waiter whose place has not expired, its client's inbox and when its place
 # lapses, dropping the lapsed ones ahead of it. Not bounded per call, so that a release
 # always finds the oldest live waiter however many dead places lead the queue (a process
@@ -679,21 +703,16 @@ RELEASE_SHARED = Script(
 """
     + _NOW
     + _HOLDERS
-    + _RELEASED
+    + _GIVE_BACK
     + _WAKE
     + """
 local now = now_ms()
 local id = redis.sha1hex(ARGV[1])
-local mine = redis.call('ZSCORE', KEYS[7], ARGV[1])
-if not mine then
-  return released_lately(KEYS[9], id, now)
+local marked = redis.call('GET', KEYS[1]) == 'READERS_MARK'
+local answer = give_back(KEYS[7], KEYS[8], KEYS[9], ARGV[1], id, now, tonumber(ARGV[2]), marked)
+if answer then
+  return answer
 end
-redis.call('ZREM', KEYS[7], ARGV[1])
-redis.call('HDEL', KEYS[8], ARGV[1])
-if tonumber(mine) <= now or redis.call('GET', KEYS[1]) ~= 'READERS_MARK' then
-  return 0  -- its lease had ended
-end
-remember(KEYS[9], id, now, tonumber(ARGV[2]))
 drop_expired(KEYS[7], KEYS[8], now)
 if keep_until(KEYS[7], KEYS[8], now, KEYS[1]) then
   return 1  -- other readers still hold
@@ -796,21 +815,15 @@ RELEASE_PERMIT = Script(
 -- expired).
 """
     + _NOW
-    + _RELEASED
+    + _GIVE_BACK
     + _WAKE
     + """
 local now = now_ms()
 local id = redis.sha1hex(ARGV[1])
-local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not mine then
-  return released_lately(KEYS[6], id, now)
+local answer = give_back(KEYS[1], KEYS[5], KEYS[6], ARGV[1], id, now, tonumber(ARGV[2]), true)
+if answer then
+  return answer
 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[5], ARGV[1])
-if tonumber(mine) <= now then
-  return 0
-end
-remember(KEYS[6], id, now, tonumber(ARGV[2]))
 wake_next(KEYS[2], id, KEYS[3], KEYS[4])
 return 1
 """,
