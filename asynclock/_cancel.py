@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
+
+from ._types import ExcType, ExcValue, Traceback
 
 __all__ = ("CancelMark", "finish_shielded", "undo_on_interrupt")
 
@@ -74,12 +75,7 @@ class CancelMark:
     def __enter__(self) -> CancelMark:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> None:
         if exc is None or isinstance(exc, Exception):
             self.raise_if_swallowed(exc)
 
@@ -97,12 +93,7 @@ class _Undo:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> None:
         if exc is not None:
             self._undo(*self._args)
 

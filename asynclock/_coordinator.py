@@ -8,7 +8,6 @@ import difflib
 import importlib.util
 import inspect
 from collections.abc import Callable, Collection, Coroutine, Sequence
-from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 from urllib.parse import urlsplit
 
@@ -18,6 +17,7 @@ from ._election import Election, check_election, default_identity
 from ._engine import Engine
 from ._lock import Lease, Lock, ReadWriteLock
 from ._stats import CoordinatorStats
+from ._types import ExcType, ExcValue, Traceback
 from ._validate import check_name, check_timeout, check_ttl
 from .backends.base import Backend, Kind, LockInfo
 from .backends.memory import MemoryBackend
@@ -296,12 +296,7 @@ class Coordinator:
         self._engine.check_open()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> None:
         await self.aclose()
 
     def __repr__(self) -> str:

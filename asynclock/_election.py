@@ -23,7 +23,6 @@ import secrets
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ._backoff import Backoff
@@ -32,6 +31,7 @@ from ._clock import Clock
 from ._engine import Engine
 from ._errors import BackendError, CoordinatorClosed, LeadershipLost, LockError, LockLost
 from ._lock import Lease, Lock
+from ._types import ExcType, ExcValue, Traceback
 from ._validate import MAX_NAME_BYTES, check_name, check_ttl
 
 if TYPE_CHECKING:
@@ -263,12 +263,7 @@ class Leadership:
             raise
         return term
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> None:
         term = self._terms.pop(asyncio.current_task(), None)
         # "resigned" goes out before the release, so that observers see the gap before
         # the next leader's "elected". A cancel landing on it must not skip the release:

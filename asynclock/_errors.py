@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Literal
+
+from ._types import ExcType, ExcValue, Traceback
 
 __all__ = (
     "BackendError",
@@ -100,12 +101,7 @@ class map_backend_errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
+    def __exit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> Literal[False]:
         if exc is None or isinstance(exc, LockError) or not isinstance(exc, self._errors):
             return False
         detail = str(exc) or type(exc).__name__

@@ -16,7 +16,6 @@ import time
 import warnings
 import weakref
 from contextlib import AbstractAsyncContextManager
-from types import TracebackType
 
 from ._backoff import Backoff
 from ._cancel import CancelMark, undo_on_interrupt
@@ -29,6 +28,7 @@ from ._errors import (
     LockNotOwned,
     LockTimeout,
 )
+from ._types import ExcType, ExcValue, Traceback
 from ._validate import check_ttl
 from ._wakeup import WakeSlot
 from ._watchdog import Watch
@@ -1080,12 +1080,7 @@ class Lock:
             _entered.setdefault(task, []).append(lease)
         return lease
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> None:
         task = asyncio.current_task()
         lease = self._leases.pop(task, None)
         if lease is None:

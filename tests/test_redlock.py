@@ -309,7 +309,7 @@ class TestLateReleases:
             # The first round's give-back lands now, everywhere.
             first = backend.nodes[0]
             for node in backend.nodes:
-                await node.run(first.release_call(first.keys(name), refused))
+                await node.run(first.calls.release(first.keys(name), refused))
             assert await backend.extend(claim, 30.0)
             values = {await client.get(lock_key) for client in clients}
             assert values == {claim.value.encode()}

@@ -43,22 +43,22 @@ def value_of(coord: asynclock.Coordinator, lease: asynclock.Lease) -> str:
 def acquire_call(backend: RedisBackend, kind: Kind, keys: Keys, value: str, ttl: float) -> Call:
     """The acquire request of ``kind`` (trying once), as the backend sends it."""
     if kind == "reader":
-        return backend.shared_call(keys, value, ttl, queue=None)
+        return backend.calls.shared(keys, value, ttl, queue=None)
     if kind == "permit":
-        return backend.permit_call(keys, value, ttl, 1, queue=None)
+        return backend.calls.permit(keys, value, ttl, 1, queue=None)
     if kind == "fair":
-        return backend.fair_call(keys, value, ttl, queue=None)
-    return backend.acquire_call(keys, value, ttl)
+        return backend.calls.fair(keys, value, ttl, queue=None)
+    return backend.calls.acquire(keys, value, ttl)
 
 
 def release_call(backend: RedisBackend, kind: Kind, keys: Keys, value: str) -> Call:
     """The release request of ``kind``, as the backend sends it (a fair lock's is a
     lock's)."""
     if kind == "reader":
-        return backend.release_shared_call(keys, value)
+        return backend.calls.release_shared(keys, value)
     if kind == "permit":
-        return backend.release_permit_call(keys, value)
-    return backend.release_call(keys, value)
+        return backend.calls.release_permit(keys, value)
+    return backend.calls.release(keys, value)
 
 
 def lock_of(coord: asynclock.Coordinator, kind: Kind, ttl: float, **options: Any) -> asynclock.Lock:
@@ -149,7 +149,7 @@ class TestReleaseSentAgain:
             assert int(await backend.run(acquire_call(backend, "lock", keys, value, 10))) > 0
             assert await backend.run(release_call(backend, "lock", keys, value)) == 1
         assert await raw.zcard(keys.released) == RELEASED_CAP
-        assert 0 < await raw.pttl(keys.released) <= backend.released_ms()
+        assert 0 < await raw.pttl(keys.released) <= backend.calls.released_ms()
         assert await backend.run(release_call(backend, "lock", keys, values[0])) == 0
         assert await backend.run(release_call(backend, "lock", keys, values[-1])) == 1
         # A window of 50 ms: run again after it, the release answers 0.

@@ -98,7 +98,7 @@ class TestDeadPlaces:
             keys = dead.keys("n")
             values = [f"dead{i}:killed" for i in range(40)]
             for value in values:
-                call = (dead.fair_call if fair else dead.acquire_call)(keys, value, 60, queue=0.0)
+                call = (dead.calls.fair if fair else dead.calls.acquire)(keys, value, 60, queue=0.0)
                 assert int(await dead.run(call)) <= 0
             await killed.aclose()
             attempts = _count_attempts(backend, monkeypatch)
@@ -257,7 +257,7 @@ class TestSyncReplicas:
                 replica.freeze()
             try:
                 # The first request: it reached the master, its reply was lost.
-                script, numkeys, args = backend.acquire_call(keys, claim.value, 10)
+                script, numkeys, args = backend.calls.acquire(keys, claim.value, 10)
                 assert int(await direct.eval(script.source, numkeys, *args)) > 0
                 with pytest.raises(BackendError, match="0 of the 2 replicas"):
                     await backend.try_acquire(claim, 10)

@@ -31,7 +31,6 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from redis.asyncio import Redis
@@ -41,6 +40,7 @@ from .._cancel import undo_on_interrupt
 from .._clock import Clock
 from .._errors import BackendError, QuorumError
 from .._tasks import TaskSet
+from .._types import ExcType, ExcValue, Traceback
 from .._validate import check_number
 from .._wakeup import Mailbox, WakeHub, WakeSlot
 from .base import Attempt, Backend, Claim, GiveBack, Interrupted, LockInfo, owner_of
@@ -338,7 +338,7 @@ class RedlockBackend(Backend):
         # write-back round trip is not needed. Correctness never depends on this clock.
         floor = time.time_ns() // 1000 + _FLOOR_LEAD_US
         first = self._nodes[0]
-        replies = await self._script(first.acquire_call(keys, value, ttl, floor), wanted=_granted)
+        replies = await self._script(first.calls.acquire(keys, value, ttl, floor), wanted=_granted)
         granted = [
             (node, reply)
             for node, reply in zip(self._nodes, replies, strict=True)
@@ -351,7 +351,7 @@ class RedlockBackend(Backend):
             stored = len(granted) - len(behind)  # nodes whose counter already is the fence
             if behind and not self._majority.reached(stored):
                 confirms = await self._script(
-                    first.raise_fence_call(keys, value, fence, ttl), behind, wanted=_one
+                    first.calls.raise_fence(keys, value, fence, ttl), behind, wanted=_one
                 )
                 stored += sum(_one(confirm) for confirm in confirms)
                 failed += sum(isinstance(confirm, Exception) for confirm in confirms)
@@ -361,7 +361,7 @@ class RedlockBackend(Backend):
         # No majority: give back at once what we took, on every node (one that timed out
         # may have taken it all the same), so that our retry does not block itself. Nodes
         # that answered are waited for; the others finish in the background.
-        release = first.release_call(keys, value)
+        release = first.calls.release(keys, value)
         answered = [
             node
             for node, reply in zip(self._nodes, replies, strict=True)
@@ -409,7 +409,7 @@ class RedlockBackend(Backend):
 
     async def extend(self, claim: Claim, ttl: float) -> bool:
         keys = self._keys(claim)
-        call = self._nodes[0].extend_call(keys, claim.value, ttl)
+        call = self._nodes[0].calls.extend(keys, claim.value, ttl)
         results = await self._script(call, wanted=_one, refused=_zero)
         verdict = self._verdict(results)
         if verdict is None:
@@ -439,7 +439,7 @@ class RedlockBackend(Backend):
     async def release(self, claim: Claim) -> bool:
         keys = self._keys(claim)
         results = await self._script(
-            self._nodes[0].release_call(keys, claim.value), wanted=_one, refused=_zero
+            self._nodes[0].calls.release(keys, claim.value), wanted=_one, refused=_zero
         )
         verdict = self._verdict(results)
         if verdict is None:
@@ -758,12 +758,7 @@ class _RedlockWaiter:
                 name=f"asynclock-redlock-unsubscribe:{self._channel}",
             )
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> None:
         assert self._slot is not None
         self._hub.unregister(self._slot)
         subscribed, self._subscribed = self._subscribed, []

@@ -9,12 +9,12 @@ translation into :class:`BackendError`.
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any, Literal
 
 import asyncpg
 
 from ..._errors import BackendError, LockError, map_backend_errors
+from ..._types import ExcType, ExcValue, Traceback
 
 __all__ = (
     "DRIVER_ERRORS",
@@ -85,12 +85,7 @@ class MapErrors(map_backend_errors):
         self._place = where
         self._timeout = timeout
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
+    def __exit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> Literal[False]:
         if isinstance(exc, TimeoutError) and not isinstance(exc, LockError):
             raise unanswered(self._place, self._timeout) from exc
         return super().__exit__(exc_type, exc, tb)

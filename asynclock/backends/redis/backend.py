@@ -226,75 +226,10 @@ class RedisBackend(Backend):
     # node, which is what lets Redlock send one packed command to all of them. They are
     # built by :class:`.calls.Calls`; see there for what each script answers.
 
-    def retention_ms(self, ttl: float) -> int:
-        """ms the fence counter outlives the lock's last use: never less than 2 ttl."""
-        return self._calls.retention_ms(ttl)
-
-    def released_ms(self) -> int:
-        """How long the server remembers a release (ms), so that the same release sent
-        again answers "released": the socket timeout (a request sent again on a new
-        connection lands within it) plus :data:`.calls.RELEASED_MARGIN_MS`."""
-        return self._calls.released_ms()
-
-    def acquire_call(
-        self,
-        keys: Keys,
-        value: str,
-        ttl: float,
-        floor: int | None = None,
-        *,
-        queue: float | None = None,
-    ) -> Call:
-        """The acquire script (:meth:`.calls.Calls.acquire`, which says what ``floor`` and
-        ``queue`` do): the new fence (> 0), or minus the holder's ms left (<= 0)."""
-        return self._calls.acquire(keys, value, ttl, floor, queue=queue)
-
-    def raise_fence_call(self, keys: Keys, value: str, fence: int, ttl: float) -> Call:
-        """Redlock's second step: lift the fence counter to ``fence`` if still holding."""
-        return self._calls.raise_fence(keys, value, fence, ttl)
-
-    def extend_call(self, keys: Keys, value: str, ttl: float) -> Call:
-        """Extend the lock to ``ttl`` if ``value`` holds it: 1, else 0."""
-        return self._calls.extend(keys, value, ttl)
-
-    def release_call(self, keys: Keys, value: str) -> Call:
-        """Delete the lock if ``value`` holds it: 1, also when sent again; else 0."""
-        return self._calls.release(keys, value)
-
-    def dequeue_call(self, keys: Keys, value: str) -> Call:
-        """Leave whichever waiter queue of the name the waiter is in (it gave up),
-        passing on a wake-up."""
-        return self._calls.dequeue(keys, value)
-
-    def fair_call(self, keys: Keys, value: str, ttl: float, *, queue: float | None) -> Call:
-        """ACQUIRE in arrival order: refused while an earlier live waiter is queued."""
-        return self._calls.fair(keys, value, ttl, queue=queue)
-
-    def shared_call(self, keys: Keys, value: str, ttl: float, *, queue: float | None) -> Call:
-        """A reader's acquire: granted while no writer holds or waits."""
-        return self._calls.shared(keys, value, ttl, queue=queue)
-
-    def extend_shared_call(self, keys: Keys, value: str, ttl: float) -> Call:
-        """Extend a reader's lease: 1, else 0."""
-        return self._calls.extend_shared(keys, value, ttl)
-
-    def release_shared_call(self, keys: Keys, value: str) -> Call:
-        """Give back a reader's lease: 1, also when sent again; else 0."""
-        return self._calls.release_shared(keys, value)
-
-    def permit_call(
-        self, keys: Keys, value: str, ttl: float, limit: int, *, queue: float | None
-    ) -> Call:
-        """A semaphore permit: granted while fewer than ``limit`` unexpired ones are held."""
-        return self._calls.permit(keys, value, ttl, limit, queue=queue)
-
-    def extend_permit_call(self, keys: Keys, value: str, ttl: float) -> Call:
-        """Extend a permit: 1, else 0."""
-        return self._calls.extend_permit(keys, value, ttl)
-
-    def release_permit_call(self, keys: Keys, value: str) -> Call:
-        """Give back a permit: 1, also when sent again; else 0."""
-        return self._calls.release_permit(keys, value)
+    @property
+    def calls(self) -> Calls:
+        """The script-call builders of this node (the same for every node of a Redlock)."""
+        return self._calls
 
     async def run(self, call: Call) -> Any:
         """Run a call on this node: the script's raw reply. Raises ``BackendError``."""
@@ -303,11 +238,11 @@ class RedisBackend(Backend):
     async def acquire_keys(
         self, keys: Keys, value: str, ttl: float, floor: int | None = None
     ) -> int:
-        """:meth:`acquire_call`'s reply, run on this node."""
+        """:meth:`Calls.acquire <.calls.Calls.acquire>`'s reply, run on this node."""
         return int(await self.run(self._calls.acquire(keys, value, ttl, floor)))
 
     async def extend_keys(self, keys: Keys, value: str, ttl: float) -> bool:
-        """Whether :meth:`extend_call` extended, run on this node."""
+        """Whether :meth:`Calls.extend <.calls.Calls.extend>` extended, run on this node."""
         return bool(await self.run(self._calls.extend(keys, value, ttl)) == 1)
 
     async def extend_many_keys(self, items: Sequence[tuple[Keys, str, float]]) -> list[bool]:
@@ -338,7 +273,7 @@ class RedisBackend(Backend):
         return results
 
     async def release_keys(self, keys: Keys, value: str) -> bool:
-        """Whether :meth:`release_call` released, run on this node."""
+        """Whether :meth:`Calls.release <.calls.Calls.release>` released, run on this node."""
         return bool(await self.run(self._calls.release(keys, value)) == 1)
 
     async def inspect_keys(self, keys: Keys) -> tuple[str, float, int] | None:

@@ -15,7 +15,6 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any, Protocol
 
 from redis.asyncio.cluster import RedisCluster
@@ -26,6 +25,7 @@ from ..._backoff import Backoff
 from ..._cancel import undo_on_interrupt
 from ..._errors import BackendError, map_backend_errors
 from ..._tasks import TaskSet
+from ..._types import ExcType, ExcValue, Traceback
 from ..._wakeup import Mailbox, WakeHub, WakeSlot
 from .transport import DRIVER_ERRORS, text
 
@@ -78,12 +78,7 @@ class Waiter:
             await self._subscriber.subscribe(self._inbox)
         return slot
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> None:
         slot = self._slot
         assert slot is not None
         self._hub.unregister(slot)
@@ -133,12 +128,7 @@ class Listener:
             await self._subscriber.subscribe(self._channel)
         return self._mailbox
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> None:
         self._subscriber.undeliver(self._channel, self._mailbox)
         await self._subscriber.unsubscribe(self._channel, confirm=False)
 
