@@ -41,6 +41,7 @@ is bounded as a whole, and ends our sessions on the server (``pg_terminate_backe
 rather than leave a waiting one to notice its closed socket at its next client check.
 
 A waiting acquire first tries (``pg_try_advisory_lock``), and that statement also sets
+(on a connection's first such try: they stay until it goes back to the pool)
 ``client_connection_check_interval`` (1 s) for the session, and lifts the session's
 ``statement_timeout`` and ``transaction_timeout`` (PostgreSQL >= 17), which would end a
 wait in the queue: the server arms them when a statement (or its transaction) starts,
@@ -416,9 +417,15 @@ class PostgresBackend(Backend):
                 wait=wait,
                 began=began,
             )
+            # Waits made unbounded by an earlier try-before-wait on this connection still
+            # are (session settings, reset only when it goes back to the pool): the plain
+            # try's text, with the same parameters, does not set them again.
+            text = TRY if mode == TRY_BEFORE_WAIT and conn.unbounded else mode
             try:
-                statement = sql.acquire[configure, mode, claim.shared]
+                statement = sql.acquire[configure, text, claim.shared]
                 row = await conn.raw.fetchrow(statement, *args, timeout=within)
+                if mode == TRY_BEFORE_WAIT:
+                    conn.unbounded = True  # committed with the statement
                 if row is None and wait != 0:
                     args, within = self._acquire_args(
                         sql,

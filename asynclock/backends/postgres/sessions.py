@@ -37,7 +37,9 @@ _KEEP_IDLE = 1.0
 
 
 class Conn:
-    """A connection taken out of the pool; ``configured`` once its keepalives are set.
+    """A connection taken out of the pool; ``configured`` once its keepalives are set,
+    ``unbounded`` once a try-before-wait set what a wait in the queue needs (both are
+    session settings that last until the connection goes back to the pool, reset).
 
     ``raw`` is the asyncpg connection behind the pool's proxy: statements go to it
     directly while we hold it (the proxy's per-call indirection is measurable on a
@@ -47,12 +49,13 @@ class Conn:
     adding and removing one costs more than a lease's own bookkeeping).
     """
 
-    __slots__ = ("configured", "idle_since", "on_close", "proxy", "raw", "watched")
+    __slots__ = ("configured", "idle_since", "on_close", "proxy", "raw", "unbounded", "watched")
 
     def __init__(self, proxy: Any) -> None:
         self.proxy = proxy
         self.raw = getattr(proxy, "_con", None) or proxy
         self.configured = False
+        self.unbounded = False
         self.idle_since = 0.0  # when it was last kept idle (loop time)
         self.watched: tuple[Session, Claim] | None = None
         self.on_close: Callable[[object], None] | None = None
