@@ -163,6 +163,23 @@ class TestSessionLocks:
         assert time.monotonic() - killed_at < 5.0
         assert await advisory_rows(pool) == []
 
+    async def test_a_kept_connection_watches_the_lease_that_uses_it_now(
+        self, coord: asynclock.Coordinator, pool: asyncpg.Pool
+    ) -> None:
+        """A connection kept between leases: ending its session under the next lease on
+        it loses that lease at once, and the released one before it hears nothing."""
+        key = backend_of(coord).key("reused")
+        first = await coord.lock("reused", ttl=30).acquire()
+        (row,) = await advisory_rows(pool, key)
+        await first.release()
+        second = await coord.lock("reused", ttl=30).acquire()
+        (again,) = await advisory_rows(pool, key)
+        assert again["pid"] == row["pid"]  # the same, kept, connection
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT pg_terminate_backend($1)", row["pid"])
+        assert await eventually(lambda: second.lost, within=5.0)
+        assert not first.lost
+
     async def test_a_server_restart_loses_the_lease_at_once(
         self, asynclock_postgres_factory: Any, namespace: str
     ) -> None:

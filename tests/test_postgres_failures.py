@@ -310,6 +310,35 @@ class TestRoleTimeouts:
             lease = await asyncio.wait_for(waiter, 10)
             await lease.release()
 
+    async def test_a_role_timeout_does_not_end_a_wait_on_a_kept_connection(
+        self,
+        asynclock_postgres_dsn: str,
+        role_dsn: RoleDsn,
+        admin: asyncpg.Connection,
+        namespace: str,
+        sequence: str,
+    ) -> None:
+        """A role's statement_timeout and a wait on a connection kept from an earlier
+        lease, whose try no longer lifts it again: the wait still outlasts it."""
+        dsn = await role_dsn(statement_timeout="300ms")
+        async with (
+            asynclock.connect(
+                asynclock_postgres_dsn, namespace=namespace, fence_sequence=sequence
+            ) as holder_coord,
+            asynclock.connect(dsn, namespace=namespace, fence_sequence=sequence) as coord,
+        ):
+            key = backend_of(coord).key("kept-wait")
+            async with coord.lock("kept-wait", ttl=30):
+                pass  # a waiting acquire's try lifted the timeouts on this connection
+            holder = await holder_coord.lock("kept-wait", ttl=30).acquire()
+            waiter = asyncio.create_task(coord.lock("kept-wait", ttl=30).acquire())
+            await wait_for_rows(admin, 2, key)
+            await asyncio.sleep(0.8)  # longer than the role's timeout
+            assert not waiter.done()
+            await holder.release()
+            lease = await asyncio.wait_for(waiter, 10)
+            await lease.release()
+
     async def test_a_pool_command_timeout_does_not_end_a_wait(
         self, asynclock_postgres_dsn: str, admin: asyncpg.Connection, namespace: str
     ) -> None:

@@ -41,6 +41,7 @@ is bounded as a whole, and ends our sessions on the server (``pg_terminate_backe
 rather than leave a waiting one to notice its closed socket at its next client check.
 
 A waiting acquire first tries (``pg_try_advisory_lock``), and that statement also sets
+(on a connection's first such try: they stay until it goes back to the pool)
 ``client_connection_check_interval`` (1 s) for the session, and lifts the session's
 ``statement_timeout`` and ``transaction_timeout`` (PostgreSQL >= 17), which would end a
 wait in the queue: the server arms them when a statement (or its transaction) starts,
@@ -141,6 +142,9 @@ _NO_BOUND = 1e10
 _CLOSE_TIMEOUT = 5.0
 # How long aclose() lets the server take to end sessions it was asked to end.
 _EXIT_WAIT_MS = 1000
+# How many lock names' keys a backend remembers: each costs two SHA-256 to derive, a
+# measurable share of the backend's own CPU in a lease.
+_KEYS_KEPT = 1024
 
 
 async def _keep_as_is(conn: asyncpg.Connection[Any]) -> None:
@@ -215,6 +219,8 @@ class PostgresBackend(Backend):
         self._identities = f"{quote_ident(schema)}.{quote_ident(IDENTITY_TABLE)}"
         # Identities stored in the identity table by this backend (see _register).
         self._registered: set[str] = set()
+        # Lock name -> its advisory key and fence key (see _keys).
+        self._key_cache: dict[str, tuple[int, tuple[int, int]]] = {}
         self._owns_pool = False
         self._pool_started = False
         # from_dsn(): makes the pool again at first use, in the loop that uses it.
@@ -384,7 +390,7 @@ class PostgresBackend(Backend):
         the DBA): then the statement fails before it could take anything, and one more try
         on a connection from the pool is safe.
         """
-        key = key_in(self._key_prefix, claim.name)
+        key, fence_key = self._keys(claim.name)
         idle = self._sessions.idle
         for prefer_kept in (True, False):
             if prefer_kept and idle and not idle[-1].raw.is_closed():
@@ -399,16 +405,30 @@ class PostgresBackend(Backend):
             # lock and check timeouts), so it is sent only when the lock is held.
             mode = TRY if wait == 0 else TRY_BEFORE_WAIT
             args, within = self._acquire_args(
-                sql, session, claim.value, configure=configure, mode=mode, wait=wait, began=began
+                sql,
+                session,
+                claim.value,
+                fence_key,
+                configure=configure,
+                mode=mode,
+                wait=wait,
+                began=began,
             )
+            # Waits made unbounded by an earlier try-before-wait on this connection still
+            # are (session settings, reset only when it goes back to the pool): the plain
+            # try's text, with the same parameters, does not set them again.
+            text = TRY if mode == TRY_BEFORE_WAIT and conn.unbounded else mode
             try:
-                statement = sql.acquire[configure, mode, claim.kind is Kind.SHARED]
+                statement = sql.acquire[configure, text, claim.kind is Kind.SHARED]
                 row = await conn.raw.fetchrow(statement, *args, timeout=within)
+                if mode == TRY_BEFORE_WAIT:
+                    conn.unbounded = True  # committed with the statement
                 if row is None and wait != 0:
                     args, within = self._acquire_args(
                         sql,
                         session,
                         claim.value,
+                        fence_key,
                         configure=configure,
                         mode=WAIT,
                         wait=wait,
@@ -601,6 +621,7 @@ class PostgresBackend(Backend):
         sql: Statements,
         session: Session,
         value: str,
+        fence_key: tuple[int, int],
         *,
         configure: bool,
         mode: str,
@@ -620,8 +641,18 @@ class PostgresBackend(Backend):
             else:
                 bound = str(max(1, math.ceil(left * 1000)))
         tail, settings = session_args(sql, session, value, configure)
-        args: list[object] = [session.key, tail, *fence_ids(session.key), bound, *settings]
+        args: list[object] = [session.key, tail, *fence_key, bound, *settings]
         return args, self._within(bound)
+
+    def _keys(self, name: str) -> tuple[int, tuple[int, int]]:
+        """The advisory key of lock ``name`` and its fence key (:func:`fence_ids`)."""
+        keys = self._key_cache.get(name)
+        if keys is None:
+            if len(self._key_cache) >= _KEYS_KEPT:
+                self._key_cache.clear()
+            key = key_in(self._key_prefix, name)
+            keys = self._key_cache[name] = (key, fence_ids(key))
+        return keys
 
     def _within(self, lock_timeout_ms: str) -> float:
         """How long to wait for the answer to a statement that may wait this long (a
@@ -697,9 +728,16 @@ class PostgresBackend(Backend):
         if not isinstance(session, Session):
             return False
         within = self._request_timeout
+        sql = self._sql
         try:
+            if sql is not None and not session.lock.locked():
+                # Nothing queued on the session: the statement's own timeout bounds the
+                # release, and giving the connection back gets what is left of it (an
+                # asyncio.timeout here costs a fifth of the backend's own CPU per lease).
+                loop = asyncio.get_running_loop()
+                return await self._release(session, sql, loop.time() + within)
             async with asyncio.timeout(within):
-                return await self._release(session)
+                return await self._release(session, sql or await self._statements(), None)
         except TimeoutError:
             # No answer: a silent server, or a statement stuck on the session. The unlock
             # may or may not have run; ending the session ends its locks either way (the
@@ -711,8 +749,9 @@ class PostgresBackend(Backend):
                 "timeout); its session was closed, which gives the lock back"
             ) from None
 
-    async def _release(self, session: Session) -> bool:
-        sql = self._sql or await self._statements()
+    async def _release(self, session: Session, sql: Statements, deadline: float | None) -> bool:
+        """Unlock and give the session back; ``deadline`` (loop time) bounds it unless the
+        caller does (None)."""
         async with session.lock:
             if session.ended():
                 return session.released
@@ -727,15 +766,19 @@ class PostgresBackend(Backend):
                 args = [session.key or None, permit.flag, permit.channel]
             if sql.has_idle_timeout:
                 args.append(self._idle_default)
+            # Bounded by release() (with the wait for the session's lock) or by the
+            # deadline; an explicit timeout also keeps a pool's command_timeout out.
+            loop = asyncio.get_running_loop()
+            within = _NO_BOUND if deadline is None else deadline - loop.time()
             try:
-                # Bounded by release() (with the wait for the session's lock); the timeout
-                # here only keeps a pool's command_timeout out.
-                unlocked = await session.conn.raw.fetchval(statement, *args, timeout=_NO_BOUND)
+                unlocked = await session.conn.raw.fetchval(statement, *args, timeout=within)
             except asyncio.CancelledError:
                 # The statement may or may not have run; asyncpg cancels it on the server
                 # and the connection stays usable. The caller's clean-up calls again.
                 session.interrupted = True
                 raise
+            except TimeoutError:
+                raise  # not answered by the deadline: release() ends the session
             except DRIVER_ERRORS as exc:
                 self._sessions.end_session(session)
                 if gone(exc):
@@ -744,7 +787,9 @@ class PostgresBackend(Backend):
             # Only this live session could have unlocked its own lock: after an interrupted
             # release, "not held" means the interrupted statement did it.
             session.released = bool(unlocked) or session.interrupted
-            await self._sessions.checkin(session)
+            await self._sessions.checkin(
+                session, None if deadline is None else max(0.0, deadline - loop.time())
+            )
             return session.released
 
     async def inspect(self, name: str) -> LockInfo | None:

@@ -10,6 +10,7 @@ digest: :func:`store_identity` writes it there, :func:`identified` finds it agai
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from typing import Any
@@ -63,6 +64,9 @@ def identity_of(value: str) -> str:
     return value.partition(":")[2]
 
 
+# inline() and shown() run on every acquire, mostly for the same few identities and
+# TTLs: remembered.
+@functools.lru_cache(maxsize=256)
 def inline(identity: str, ttl_ms: int) -> bool:
     """Whether ``identity`` survives in application_name as itself (see above)."""
     size = len(APP_PREFIX) + _FENCE_DIGITS + len(str(ttl_ms)) + 2 + len(identity)
@@ -79,6 +83,7 @@ def _digest(identity: str) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()[:_DIGEST_CHARS]
 
 
+@functools.lru_cache(maxsize=256)
 def shown(identity: str, ttl_ms: int) -> str:
     """What application_name carries for ``identity``: itself, or its digest form."""
     if inline(identity, ttl_ms):

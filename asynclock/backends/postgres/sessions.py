@@ -38,20 +38,28 @@ _KEEP_IDLE = 1.0
 
 
 class Conn:
-    """A connection taken out of the pool; ``configured`` once its keepalives are set.
+    """A connection taken out of the pool; ``configured`` once its keepalives are set,
+    ``unbounded`` once a try-before-wait set what a wait in the queue needs (both are
+    session settings that last until the connection goes back to the pool, reset).
 
     ``raw`` is the asyncpg connection behind the pool's proxy: statements go to it
     directly while we hold it (the proxy's per-call indirection is measurable on a
-    two-statement lease); the proxy is what goes back to the pool.
+    two-statement lease); the proxy is what goes back to the pool. ``watched``: the
+    claim and session using it, if any, told by :attr:`on_close` when it ends (one
+    termination listener for as long as we hold the connection, not one per lease:
+    adding and removing one costs more than a lease's own bookkeeping).
     """
 
-    __slots__ = ("configured", "idle_since", "proxy", "raw")
+    __slots__ = ("configured", "idle_since", "on_close", "proxy", "raw", "unbounded", "watched")
 
     def __init__(self, proxy: Any) -> None:
         self.proxy = proxy
         self.raw = getattr(proxy, "_con", None) or proxy
         self.configured = False
+        self.unbounded = False
         self.idle_since = 0.0  # when it was last kept idle (loop time)
+        self.watched: tuple[Session, Claim] | None = None
+        self.on_close: Callable[[object], None] | None = None
 
 
 class Permit:
@@ -81,7 +89,6 @@ class Session:
         "interrupted",
         "key",
         "lock",
-        "on_close",
         "permit",
         "pid",
         "released",
@@ -110,8 +117,6 @@ class Session:
         self.interrupted = False
         # The connection was terminated (and handed back to the pool as dead).
         self.gone = False
-        # The termination listener on the connection while the session uses it.
-        self.on_close: Any = None
 
     def ended(self) -> bool:
         """True once the session was given back or terminated (re-read after awaits)."""
@@ -169,6 +174,12 @@ class SessionPool:
         self.idle: list[Conn] = []
         self._sweeper: asyncio.TimerHandle | None = None
         self._keep = max(1, min(8, pool.get_max_size() // 4))
+
+    def _room(self) -> bool:
+        """True if ``pool.acquire()`` would not wait: an idle connection, or room for a
+        new one (asyncpg's public counts; its private queue would say it faster)."""
+        pool = self.pool
+        return bool(pool.get_idle_size() > 0 or pool.get_size() < pool.get_max_size())
 
     def begin_closing(self) -> None:
         """The backend closes: no connection is kept idle any more, none is checked out."""
@@ -253,7 +264,7 @@ class SessionPool:
         pool = self.pool
         try:
             if wait == 0:
-                if pool.get_idle_size() == 0 and pool.get_size() >= pool.get_max_size():
+                if not self._room():
                     return None  # try once: an exhausted pool is as good as a held lock
                 # Room for a connection: a new one to a server that does not answer must
                 # not hold the try forever.
@@ -267,16 +278,15 @@ class SessionPool:
         except DRIVER_ERRORS as exc:
             raise BackendError(f"{self._where}: {exc}") from exc
 
-    async def checkin(self, session: Session) -> None:
-        """The session is over and its connection clean: keep it, or give it back."""
+    async def checkin(self, session: Session, within: float | None = None) -> None:
+        """The session is over and its connection clean: keep it, or give it back (within
+        ``within`` seconds, default the request timeout; see :meth:`to_pool`)."""
         session.done = True
         self.active.discard(session)
         self._unwatch(session)
-        pool = self.pool
         # Kept only while the pool has room: when it is exhausted, someone may be queued
         # in pool.acquire(), which never looks at connections kept here.
-        room = pool.get_idle_size() > 0 or pool.get_size() < pool.get_max_size()
-        if room and len(self.idle) < self._keep and not self.closing:
+        if len(self.idle) < self._keep and not self.closing and self._room():
             conn = session.conn
             loop = asyncio.get_running_loop()
             conn.idle_since = loop.time()
@@ -284,7 +294,7 @@ class SessionPool:
             if self._sweeper is None:
                 self._sweeper = loop.call_later(_KEEP_IDLE, self._sweep_idle)
         else:
-            await self.to_pool(session.conn)
+            await self.to_pool(session.conn, within)
 
     def _sweep_idle(self) -> None:
         """Give connections kept idle for ``_KEEP_IDLE`` back to the pool: the pool may
@@ -309,6 +319,7 @@ class SessionPool:
         closed instead if that is interrupted or not answered within ``within`` seconds
         (default: the request timeout)."""
         within = self._request_timeout if within is None else within
+        self._forget(conn)
         try:
             with undo_on_interrupt(self.terminate, conn.proxy):
                 await conn.raw.execute(
@@ -340,20 +351,31 @@ class SessionPool:
         session = Session(conn, key, claim.kind is Kind.SHARED, ttl_ms, permit)
         self.active.add(session)
         claim.ended = False  # a new session: an earlier one's end is no news for it
+        conn.watched = (session, claim)
+        if conn.on_close is None:
 
-        def closed(raw: object) -> None:
-            self._died(session, claim)
+            def closed(raw: object) -> None:
+                watched, conn.watched = conn.watched, None
+                if watched is not None:
+                    self._died(*watched)
 
-        session.on_close = closed
-        with contextlib.suppress(Exception):
-            conn.raw.add_termination_listener(closed)
+            conn.on_close = closed
+            with contextlib.suppress(Exception):
+                conn.raw.add_termination_listener(closed)
         return session
 
     def _unwatch(self, session: Session) -> None:
-        on_close, session.on_close = session.on_close, None
+        conn = session.conn
+        if conn.watched is not None and conn.watched[0] is session:
+            conn.watched = None
+
+    def _forget(self, conn: Conn) -> None:
+        """Remove our termination listener from a connection that leaves us."""
+        conn.watched = None
+        on_close, conn.on_close = conn.on_close, None
         if on_close is not None:
             with contextlib.suppress(Exception):
-                session.conn.raw.remove_termination_listener(on_close)
+                conn.raw.remove_termination_listener(on_close)
 
     def _died(self, session: Session, claim: Claim) -> None:
         """asyncpg saw the session's connection end (pg_terminate_backend, a server
