@@ -266,10 +266,12 @@ class Engine(Generic[L]):
         loop = asyncio.get_running_loop()
         backend = self.backend
         give_up = loop.time() + ttl
-        # Until the backend answers, a request it says may land late is looked for as long
-        # as the latest it ever said (a server that answers nothing for the whole TTL may
-        # still deliver the interrupted acquire when it comes back).
-        look_until = give_up + self._late if interrupted is not None else 0.0
+        # Until the backend answers, it has not said how late the interrupted request may
+        # land: a server silent for the whole TTL may still deliver it when it comes back.
+        # Keep trying for the longest lateness it ever reported, and at least another TTL
+        # (a grant landing later still is held at most its own TTL, no lease believing in
+        # it: a longer look would shorten that by less than a TTL).
+        look_until = give_up + max(self._late, ttl) if interrupted is not None else 0.0
         per_try = min(max(ttl / 4, 0.1), 2.0)
         backoff = Backoff(initial=0.05, maximum=1.0)
         polls = Backoff(initial=0.05, maximum=min(1.0, max(ttl / 4, 0.05)), jitter=False)
@@ -300,9 +302,11 @@ class Engine(Generic[L]):
                 await asyncio.sleep(delay)
                 continue
             if not answered:
+                # The request may land up to ``late`` after the server answers again (at
+                # once, usually: then that is ``ttl + late`` after the give-back began).
                 answered = True
                 self._late = max(self._late, late)
-                look_until = give_up + late if late > 0 else 0.0
+                look_until = max(give_up, loop.time()) + late if late > 0 else 0.0
             if released or self._closed or loop.time() >= look_until:
                 if lease is not None:
                     lease.end_after_background_release(released)

@@ -132,6 +132,66 @@ async def test_an_interrupted_acquire_that_lands_after_its_give_back_is_released
             await asyncio.sleep(0.01)
 
 
+class SilentThenOvertaken(MemoryBackend):
+    """The server answers no give-back for longer than the TTL; then the interrupted
+    acquire, still on its way on another connection, lands."""
+
+    silent_for = 2.5  # seconds after the cancel, beyond the TTL (2 s)
+    lands_after = 2.8
+    late = 1.5  # what the give-back answers once the server is back
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled_at = 0.0
+        self.landed: float | None = None
+        self.landing = asyncio.Event()
+
+    async def try_acquire(
+        self, claim: asynclock.backends.Claim, ttl: float, *, wait: float | None = 0.0
+    ) -> asynclock.backends.Attempt:
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            self.cancelled_at = loop.time()
+            loop.call_later(self.lands_after, lambda: loop.create_task(self._land(claim, ttl)))
+            raise
+        raise AssertionError("not reached")
+
+    async def _land(self, claim: asynclock.backends.Claim, ttl: float) -> None:
+        attempt = await MemoryBackend.try_acquire(self, claim, ttl)
+        assert attempt.fence is not None
+        self.landed = asyncio.get_running_loop().time()
+        self.landing.set()
+
+    async def give_back(
+        self, claim: asynclock.backends.Claim, interrupted: asynclock.backends.Interrupted
+    ) -> asynclock.backends.GiveBack:
+        if asyncio.get_running_loop().time() - self.cancelled_at < self.silent_for:
+            raise asynclock.BackendError("no answer")
+        answer = await super().give_back(claim, interrupted)
+        return answer._replace(late=self.late)
+
+
+async def test_a_late_grant_after_a_give_back_the_server_did_not_answer_is_released() -> None:
+    """The give-back of a cancelled acquire gets no answer for longer than the TTL; when
+    the server is back, the acquire lands after all: it is released within a second of
+    landing, not left for its TTL."""
+    backend = SilentThenOvertaken()
+    loop = asyncio.get_running_loop()
+    async with asynclock.Coordinator(backend) as coord:
+        task = asyncio.create_task(coord.lock("silent", ttl=2.0).acquire())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await backend.landing.wait()
+        assert backend.landed is not None
+        while await coord.is_locked("silent"):
+            assert loop.time() - backend.landed < 1.6, "a grant that landed late stayed held"
+            await asyncio.sleep(0.01)
+
+
 class SlowReplies(MemoryBackend):
     """The first ``slow`` grants reach the caller ``delay`` seconds after the server
     made them (a reply stuck behind a slow link)."""
