@@ -5,7 +5,6 @@ watchdog, the background clean-ups)."""
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import inspect
 from collections.abc import Callable, Collection, Coroutine, Sequence
 from typing import Any, ParamSpec, Self, TypeVar
@@ -351,6 +350,8 @@ def _check_options(
 
 def _need_driver(module: str, extra: str, what: str) -> None:
     """``ModuleNotFoundError`` saying which extra to install if ``module`` is missing."""
+    import importlib.util  # noqa: PLC0415 - only when connecting: keeps `import asynclock` lean
+
     if importlib.util.find_spec(module) is None:
         raise ModuleNotFoundError(
             f"{what} needs the {module} package, which is not installed: "
