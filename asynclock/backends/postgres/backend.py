@@ -137,6 +137,8 @@ _REQUEST_TIMEOUT = 5.0
 # may set one): a statement allowed to wait in the server's queue without bound gets this
 # instead (about 317 years).
 _NO_BOUND = 1e10
+# Where an acquire statement's lock_timeout is among its parameters ($5).
+_LOCK_TIMEOUT_ARG = 4
 # How long aclose() takes at most, in all (each statement on its way also within the
 # request timeout): as the Redis backend's.
 _CLOSE_TIMEOUT = 5.0
@@ -404,38 +406,22 @@ class PostgresBackend(Backend):
             # Try first: the statement that waits in the server's queue costs more (its
             # lock and check timeouts), so it is sent only when the lock is held.
             mode = TRY if wait == 0 else TRY_BEFORE_WAIT
-            args, within = self._acquire_args(
-                sql,
-                session,
-                claim.value,
-                fence_key,
-                configure=configure,
-                mode=mode,
-                wait=wait,
-                began=began,
-            )
+            bound = self._lock_bound(mode, wait, began)
+            tail, settings = session_args(sql, session, claim.value, configure)
+            args: list[object] = [session.key, tail, *fence_key, bound, *settings]
             # Waits made unbounded by an earlier try-before-wait on this connection still
             # are (session settings, reset only when it goes back to the pool): the plain
             # try's text, with the same parameters, does not set them again.
             text = TRY if mode == TRY_BEFORE_WAIT and conn.unbounded else mode
             try:
                 statement = sql.acquire[configure, text, claim.kind is Kind.SHARED]
-                row = await conn.raw.fetchrow(statement, *args, timeout=within)
+                row = await conn.raw.fetchrow(statement, *args, timeout=self._within(bound))
                 if mode == TRY_BEFORE_WAIT:
                     conn.unbounded = True  # committed with the statement
                 if row is None and wait != 0:
-                    args, within = self._acquire_args(
-                        sql,
-                        session,
-                        claim.value,
-                        fence_key,
-                        configure=configure,
-                        mode=WAIT,
-                        wait=wait,
-                        began=began,
-                    )
+                    bound = args[_LOCK_TIMEOUT_ARG] = self._lock_bound(WAIT, wait, began)
                     statement = sql.acquire[configure, WAIT, claim.kind is Kind.SHARED]
-                    row = await conn.raw.fetchrow(statement, *args, timeout=within)
+                    row = await conn.raw.fetchrow(statement, *args, timeout=self._within(bound))
             except asyncpg.exceptions.LockNotAvailableError:
                 # lock_timeout ended the statement: in the queue (nothing taken), or in the
                 # fence step *after* the grant (its fence key, or nextval() behind a
@@ -616,33 +602,18 @@ class PostgresBackend(Backend):
             session.flagged = True
         return row
 
-    def _acquire_args(
-        self,
-        sql: Statements,
-        session: Session,
-        value: str,
-        fence_key: tuple[int, int],
-        *,
-        configure: bool,
-        mode: str,
-        wait: float | None,
-        began: float,
-    ) -> tuple[list[object], float]:
-        """The parameters of an acquire statement (see :class:`Statements`), and how long
-        to wait for its answer."""
+    def _lock_bound(self, mode: str, wait: float | None, began: float) -> str:
+        """The ``lock_timeout`` (ms, text) of an acquire statement (see
+        :class:`Statements`): a try's bound on its fence step, or what is left of the
+        caller's wait ("0": no server-side limit)."""
         if mode == TRY:
-            bound = str(TRY_FENCE_WAIT_MS)
-        else:
-            left = None if wait is None else wait - (self.clock.now() - began)
-            if left is None or left * 1000 > _MAX_TIMEOUT_MS:
-                # No server-side limit: lock_timeout stops at INT_MAX ms (24.8 days), and a
-                # longer wait ends by the caller's own deadline instead.
-                bound = "0"
-            else:
-                bound = str(max(1, math.ceil(left * 1000)))
-        tail, settings = session_args(sql, session, value, configure)
-        args: list[object] = [session.key, tail, *fence_key, bound, *settings]
-        return args, self._within(bound)
+            return str(TRY_FENCE_WAIT_MS)
+        left = None if wait is None else wait - (self.clock.now() - began)
+        if left is None or left * 1000 > _MAX_TIMEOUT_MS:
+            # No server-side limit: lock_timeout stops at INT_MAX ms (24.8 days), and a
+            # longer wait ends by the caller's own deadline instead.
+            return "0"
+        return str(max(1, math.ceil(left * 1000)))
 
     def _keys(self, name: str) -> tuple[int, tuple[int, int]]:
         """The advisory key of lock ``name`` and its fence key (:func:`fence_ids`)."""

@@ -157,7 +157,8 @@ class Subscriber:
         on_dropped: Callable[[Subscriber, str, int], None] | None = None,
     ) -> None:
         self._pool = pool
-        self._hub = hub
+        # Where wake-ups go (Redlock sets one hub for all its nodes).
+        self.hub = hub
         self._where = where
         self._inbox = inbox  # the suffix of this client's own wake-up channels
         # Redis Cluster: shard channels (SSUBSCRIBE), served by the node owning the slot.
@@ -188,15 +189,6 @@ class Subscriber:
         self._lingering: dict[str, asyncio.TimerHandle] = {}
         # The reader, unsubscribes of lingering channels, closes of broken connections.
         self._tasks = TaskSet(f"pub/sub of {where}")
-
-    @property
-    def hub(self) -> WakeHub:
-        """Where wake-ups go (Redlock sets one hub for all its nodes)."""
-        return self._hub
-
-    @hub.setter
-    def hub(self, hub: WakeHub) -> None:
-        self._hub = hub
 
     def channels(self) -> list[str]:
         """Channels subscribed (or being subscribed), lingering ones included."""
@@ -447,7 +439,7 @@ class Subscriber:
 
     def _wake_everyone(self) -> None:
         """Messages may have been missed: waiters try again, listeners look again."""
-        self._hub.notify_all()
+        self.hub.notify_all()
         for mailboxes in self._mailboxes.values():
             for mailbox in mailboxes:
                 mailbox.put("")
@@ -487,9 +479,9 @@ class Subscriber:
                 channel = channel[: -len(self._inbox)]
             release, _, target = text(payload).partition(" ")
             if target == "*":
-                self._hub.notify_all(channel)  # every waiting reader may go
+                self.hub.notify_all(channel)  # every waiting reader may go
             else:
-                self._hub.announce(channel, release, target or None)
+                self.hub.announce(channel, release, target or None)
         else:
             for mailbox in mailboxes:
                 mailbox.put(text(payload))
