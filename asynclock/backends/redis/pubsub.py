@@ -133,6 +133,20 @@ class Listener:
         await self._subscriber.unsubscribe(self._channel, confirm=False)
 
 
+class _Mailboxes(dict[str, set[Mailbox]]):
+    """The listeners' mailboxes of each channel."""
+
+    def add(self, channel: str, mailbox: Mailbox) -> None:
+        self.setdefault(channel, set()).add(mailbox)
+
+    def remove(self, channel: str, mailbox: Mailbox) -> None:
+        mailboxes = self.get(channel)
+        if mailboxes is not None:
+            mailboxes.discard(mailbox)
+            if not mailboxes:
+                del self[channel]
+
+
 class Subscriber:
     """The coordinator's one pub/sub connection, and a reader task while anyone waits.
 
@@ -175,7 +189,7 @@ class Subscriber:
         # One entry per UNSUBSCRIBE sent, in order; a future where someone waits for it.
         self._unsubscribing: dict[str, deque[asyncio.Future[None] | None]] = {}
         # Channels whose messages are delivered to mailboxes rather than waking waiters.
-        self._mailboxes: dict[str, set[Mailbox]] = {}
+        self._mailboxes = _Mailboxes()
         # Told (this subscriber, channel, references) when the server drops a wanted
         # subscription by itself (Cluster: its slot moved); the channel is forgotten here
         # first.
@@ -195,14 +209,10 @@ class Subscriber:
         return list(self._refs)
 
     def deliver(self, channel: str, mailbox: Mailbox) -> None:
-        self._mailboxes.setdefault(channel, set()).add(mailbox)
+        self._mailboxes.add(channel, mailbox)
 
     def undeliver(self, channel: str, mailbox: Mailbox) -> None:
-        mailboxes = self._mailboxes.get(channel)
-        if mailboxes is not None:
-            mailboxes.discard(mailbox)
-            if not mailboxes:
-                del self._mailboxes[channel]
+        self._mailboxes.remove(channel, mailbox)
 
     async def subscribe(self, channel: str) -> None:
         if self._closed:
@@ -611,7 +621,7 @@ class ShardedSubscriber:
         self._refs: dict[str, int] = {}
         # References (counted in _refs) with no subscription on any node.
         self._orphans: dict[str, int] = {}
-        self._mailboxes: dict[str, set[Mailbox]] = {}
+        self._mailboxes = _Mailboxes()
         self._closed = False
         # Subscriptions moved to a slot's new owner.
         self._tasks = TaskSet(f"sharded pub/sub of {where}")
@@ -631,17 +641,13 @@ class ShardedSubscriber:
         return [channel for sub in self._nodes.values() for channel in sub.channels()]
 
     def deliver(self, channel: str, mailbox: Mailbox) -> None:
-        self._mailboxes.setdefault(channel, set()).add(mailbox)
+        self._mailboxes.add(channel, mailbox)
         subscriber = self._route.get(channel)
         if subscriber is not None:
             subscriber.deliver(channel, mailbox)
 
     def undeliver(self, channel: str, mailbox: Mailbox) -> None:
-        mailboxes = self._mailboxes.get(channel)
-        if mailboxes is not None:
-            mailboxes.discard(mailbox)
-            if not mailboxes:
-                del self._mailboxes[channel]
+        self._mailboxes.remove(channel, mailbox)
         subscriber = self._route.get(channel)
         if subscriber is not None:
             subscriber.undeliver(channel, mailbox)
