@@ -25,7 +25,7 @@ from ._errors import LockLost as LockLost
 from ._errors import LockNotOwned as LockNotOwned
 from ._errors import LockTimeout as LockTimeout
 from ._errors import QuorumError as QuorumError
-from ._lock import Lease as Lease
+from ._lease import Lease as Lease
 from ._lock import Lock as Lock
 from ._lock import ReadWriteLock as ReadWriteLock
 from ._stats import CoordinatorStats as CoordinatorStats

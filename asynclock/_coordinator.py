@@ -14,7 +14,8 @@ from . import _decorators
 from ._backoff import Backoff
 from ._election import Election, check_election, default_identity
 from ._engine import Engine
-from ._lock import Lease, Lock, ReadWriteLock
+from ._lease import Lease
+from ._lock import Lock, ReadWriteLock
 from ._stats import CoordinatorStats
 from ._types import ExcType, ExcValue, Traceback
 from ._validate import check_name, check_timeout, check_ttl

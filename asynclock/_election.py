@@ -30,7 +30,8 @@ from ._cancel import CancelMark
 from ._clock import Clock
 from ._engine import Engine
 from ._errors import BackendError, CoordinatorClosed, LeadershipLost, LockError, LockLost
-from ._lock import Lease, Lock
+from ._lease import Lease
+from ._lock import Lock
 from ._types import ExcType, ExcValue, Traceback
 from ._validate import MAX_NAME_BYTES, check_name, check_ttl
 

@@ -16,6 +16,7 @@ __all__ = (
     "LockTimeout",
     "QuorumError",
     "map_backend_errors",
+    "name_error",
 )
 
 
@@ -106,3 +107,9 @@ class map_backend_errors:
             return False
         detail = str(exc) or type(exc).__name__
         raise BackendError(f"{self._where}: {detail}") from exc
+
+
+def name_error(exc: BaseException, name: str) -> None:
+    """Tell a :class:`LockError` raised by the engine or a backend which lock it is about."""
+    if isinstance(exc, LockError) and exc.name is None:
+        exc.name = name

@@ -4,7 +4,7 @@
  * Code modelled (see README "Why it is safe"):
  *   server scripts  asynclock/backends/redis/scripts.py  ACQUIRE (SET NX PX + next_fence),
  *                   EXTEND / EXTEND_MANY (compare-and-PEXPIRE), RELEASE (compare-and-DEL)
- *   client          asynclock/_lock.py  Lease.extend, unconfirmed, confirmed, _release_once
+ *   client          asynclock/_lease.py Lease.extend, unconfirmed, confirmed, _release_once
  *                   asynclock/_watchdog.py  Watchdog._send / _renew (ttl captured at send)
  *
  * Time is discrete (ticks). A lease's local validity is start + ttl - DRIFT, start taken

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asynclock import _engine, _lock
+from asynclock import _engine, _lease, _lock
 from asynclock.backends.base import Attempt, Backend
 from asynclock.backends.redis import RedisBackend
 from asynclock.backends.redis import scripts as _scripts
@@ -55,7 +55,7 @@ def always_grants() -> None:
 
 def never_loses() -> None:
     """The watchdog never declares a lease lost (a refused renewal goes unnoticed)."""
-    _lock.Lease.mark_lost = lambda self, reason: None  # type: ignore[method-assign]
+    _lease.Lease.mark_lost = lambda self, reason: None  # type: ignore[method-assign]
 
 
 def _with_fence(fence: Any) -> None:
@@ -99,17 +99,17 @@ def trusts_a_lost_renewal() -> None:
     once per lease: a client cut off from the server alone holds on for up to a TTL
     while another is granted the lock (found by review; only an ``isolate`` fault,
     one client cut off while the others reach the server, shows it)."""
-    original = _lock.Lease.unconfirmed
+    original = _lease.Lease.unconfirmed
     trusted: set[str] = set()
 
-    def unconfirmed(self: _lock.Lease, start: float, ttl: float) -> None:
+    def unconfirmed(self: _lease.Lease, start: float, ttl: float) -> None:
         if self._renew and self.token not in trusted:
             trusted.add(self.token)
             self.confirmed(start, ttl)
             return
         original(self, start, ttl)
 
-    _lock.Lease.unconfirmed = unconfirmed  # type: ignore[method-assign]
+    _lease.Lease.unconfirmed = unconfirmed  # type: ignore[method-assign]
 
 
 def late_grants() -> None:
@@ -258,7 +258,7 @@ PLANTED: tuple[Planted, ...] = (
             "extend() the server refused counts as extended",
             (
                 (
-                    "_lock.py",
+                    "_lease.py",
                     "        if not extended:\n",
                     "        if extended is None:\n",
                 ),
@@ -277,12 +277,12 @@ PLANTED: tuple[Planted, ...] = (
             "renewals scheduled at 0.9 x TTL instead of TTL / 3",
             (
                 (
-                    "_lock.py",
+                    "_lease.py",
                     "        self._interval = ttl / 3\n",
                     "        self._interval = ttl * 0.9\n",
                 ),
                 (
-                    "_lock.py",
+                    "_lease.py",
                     "        self._interval = effective / 3\n",
                     "        self._interval = effective * 0.9\n",
                 ),

@@ -17,6 +17,7 @@ ENGINE = (
     "_decorators",
     "_election",
     "_engine",
+    "_lease",
     "_lock",
     "_stats",
     "_tasks",

@@ -23,7 +23,7 @@ from .._coordinator import Coordinator, connect
 from .._decorators import leave, template_fields
 from .._election import Election, Term, campaign, check_callback, check_election
 from .._errors import BackendError, LockLost, LockTimeout
-from .._lock import Lease
+from .._lease import Lease
 from .._validate import check_timeout, check_ttl
 from . import LEADER_RETRY, LeaderCallback, LeaderState, LeaderTaskStatus, OnError
 

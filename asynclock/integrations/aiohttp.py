@@ -48,7 +48,7 @@ except ImportError as exc:
 
 from .._backoff import Backoff
 from .._coordinator import Coordinator
-from .._lock import Lease
+from .._lease import Lease
 from . import LeaderCallback, LeaderTaskStatus, OnError
 
 __all__ = (

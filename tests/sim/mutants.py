@@ -100,7 +100,7 @@ MUTANTS = (
                 "                lease.confirmed(start, lease.ttl)\n",
             ),
             (
-                "_lock.py",
+                "_lease.py",
                 "            if not self._renewing:\n                break\n",
                 "            break\n",
             ),
@@ -222,12 +222,12 @@ LIVENESS_MUTANTS = (
         "renewal scheduled at 0.9 x TTL instead of TTL/3",
         (
             (
-                "_lock.py",
+                "_lease.py",
                 "        self._interval = ttl / 3\n",
                 "        self._interval = ttl * 0.9\n",
             ),
             (
-                "_lock.py",
+                "_lease.py",
                 "        self._interval = effective / 3\n",
                 "        self._interval = effective * 0.9\n",
             ),
@@ -267,7 +267,7 @@ LIVENESS_MUTANTS = (
         "a lease marked lost does not cancel its body",
         (
             (
-                "_lock.py",
+                "_lease.py",
                 "            self._cancel_body(task, loop.time() + _REDELIVER_EAGER,"
                 " _REDELIVER_FIRST)\n",
                 "",
