@@ -29,6 +29,9 @@ from .backends.base import Claim, Kind
 
 __all__ = ("Lease",)
 
+# Kind's members as module globals: reading Kind.X costs a metaclass lookup on Python 3.11.
+_PERMIT = Kind.PERMIT
+
 logger = logging.getLogger("asynclock")
 
 # A lost lease's body is cancelled again, until it leaves the block: a cancel the body
@@ -502,7 +505,7 @@ class Lease:
             self._engine is engine
             and claim.name == name
             and self._state is _HELD
-            and claim.kind is not Kind.PERMIT
+            and claim.kind is not _PERMIT
         )
 
     async def end_block(

@@ -31,6 +31,9 @@ from .backends.base import Attempt, Claim, Interrupted, Kind
 
 __all__ = ("Lock", "ReadWriteLock")
 
+# Kind's members as module globals: reading Kind.X costs a metaclass lookup on Python 3.11.
+_EXCLUSIVE, _FAIR, _SHARED, _PERMIT = Kind.EXCLUSIVE, Kind.FAIR, Kind.SHARED, Kind.PERMIT
+
 # A waiter whose holder's lease is about to expire retries this long after the expiry,
 # so that its attempt does not land a hair before the server drops the key.
 _EXPIRY_MARGIN = 0.001
@@ -110,9 +113,9 @@ class Lock:
         self.shared = shared
         self.limit = limit  # > 0: a semaphore permit (see Coordinator.semaphore)
         self.fair = fair
-        self.kind = Kind.PERMIT if limit else Kind.SHARED if shared else Kind.EXCLUSIVE
+        self.kind = _PERMIT if limit else _SHARED if shared else _EXCLUSIVE
         if fair:
-            self.kind = Kind.FAIR
+            self.kind = _FAIR
         # The lease of each task inside ``async with`` (several when shared).
         self._leases: dict[asyncio.Task[object] | None, Lease] = {}
 

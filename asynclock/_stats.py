@@ -175,7 +175,9 @@ class Recorder:
         self.waiting -= 1
         self.acquisitions += 1
         self.acquire_samples.append(seconds)
-        _log_lease(logging.DEBUG, "acquired %r fence=%d in %.3f ms", name, fence, seconds * 1000)
+        if logger.isEnabledFor(logging.DEBUG):  # the hot path: no call when not logging
+            ms = seconds * 1000
+            _log_lease(logging.DEBUG, "acquired %r fence=%d in %.3f ms", name, fence, ms)
         if self._meter is not None:
             self._waiting.add(-1, self._attributes)
             self._held.add(1, self._attributes)
@@ -210,7 +212,8 @@ class Recorder:
 
     def released(self, name: str, fence: int) -> None:
         self.releases += 1
-        _log_lease(logging.DEBUG, "released %r fence=%d", name, fence)
+        if logger.isEnabledFor(logging.DEBUG):
+            _log_lease(logging.DEBUG, "released %r fence=%d", name, fence)
         if self._meter is not None:
             self._releases.add(1, self._attributes)
             self._held.add(-1, self._attributes)

@@ -51,6 +51,10 @@ class Kind(enum.Enum):
     PERMIT = "permit"
 
 
+# Kind's members as module globals: reading Kind.X costs a metaclass lookup on Python 3.11.
+_SHARED, _PERMIT = Kind.SHARED, Kind.PERMIT
+
+
 class Claim:
     """One acquisition's identity, as the backend sees it.
 
@@ -89,10 +93,10 @@ class Claim:
     ) -> None:
         if not isinstance(kind, Kind):
             raise TypeError(f"kind must be an asynclock.backends.Kind, got {kind!r}")
-        if (kind is Kind.PERMIT) != (limit >= 1):
+        if (kind is _PERMIT) != (limit >= 1):
             raise ValueError(
                 f"a {kind.value} claim takes "
-                f"{'a limit of at least 1' if kind is Kind.PERMIT else 'no limit'}, got {limit}"
+                f"{'a limit of at least 1' if kind is _PERMIT else 'no limit'}, got {limit}"
             )
         self.name = name
         self.token = token
@@ -370,7 +374,7 @@ class Backend(Wakeups):
         That names one holder only, so a backend where several hold one name (readers,
         semaphore permits) overrides this or raises ``NotImplementedError`` for them.
         """
-        if claim.kind in (Kind.SHARED, Kind.PERMIT):
+        if claim.kind in (_SHARED, _PERMIT):
             raise NotImplementedError(
                 f"{type(self).__name__} cannot tell whether a shared lease or permit is still "
                 "held; only an exclusive one"

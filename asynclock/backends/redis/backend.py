@@ -39,6 +39,9 @@ from .transport import Link, Transport, link_for, text
 
 __all__ = ("RedisBackend",)
 
+# Kind's members as module globals: reading Kind.X costs a metaclass lookup on Python 3.11.
+_SHARED, _PERMIT = Kind.SHARED, Kind.PERMIT
+
 logger = logging.getLogger("asynclock.redis")
 
 
@@ -323,7 +326,7 @@ class RedisBackend(Backend):
     async def extend_many(self, items: Sequence[tuple[Claim, float]]) -> list[bool | None]:
         # Locks go in batches (one script call per chunk); readers and permits, each in
         # a set of its own, one call each, all at once.
-        alone = (Kind.PERMIT, Kind.SHARED)
+        alone = (_PERMIT, _SHARED)
         plain = [i for i, (claim, _) in enumerate(items) if claim.kind not in alone]
         results: list[bool | None] = [None] * len(items)
         others = [i for i, (claim, _) in enumerate(items) if claim.kind in alone]
