@@ -33,9 +33,10 @@ answering, a give-back after a cancelled release). Acquires find their own grant
 release that finds its value gone answers 1 again if that value's release ran lately:
 each release that succeeds remembers the SHA1 of the value it released (a sorted set
 scored by when the memory ends, ms of server time) for a window the caller passes, at
-most :data:`RELEASED_CAP` values per name, the oldest forgotten first; a grant forgets
-its own value, so a lease granted again with the same value (a grant given back and
-retried) and then expired is reported as not held, never as released.
+most :data:`RELEASED_CAP` values per name, those whose memory ends first forgotten first
+(within one ms, in the order of their SHA1s); a grant forgets its own value, so a lease
+granted again with the same value (a grant given back and retried) and then expired is
+reported as not held, never as released.
 """
 
 from __future__ import annotations
