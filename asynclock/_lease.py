@@ -23,14 +23,12 @@ from ._errors import (
     LockNotOwned,
     name_error,
 )
+from ._kind import PERMIT
 from ._validate import check_ttl
 from ._watchdog import Watch
-from .backends.base import Claim, Kind
+from .backends.base import Claim
 
 __all__ = ("Lease",)
-
-# Kind's members as module globals: reading Kind.X costs a metaclass lookup on Python 3.11.
-_PERMIT = Kind.PERMIT
 
 logger = logging.getLogger("asynclock")
 
@@ -505,7 +503,7 @@ class Lease:
             self._engine is engine
             and claim.name == name
             and self._state is _HELD
-            and claim.kind is not _PERMIT
+            and claim.kind is not PERMIT
         )
 
     async def end_block(

@@ -24,15 +24,13 @@ from ._errors import (
     LockTimeout,
     name_error,
 )
+from ._kind import EXCLUSIVE, FAIR, PERMIT, SHARED
 from ._lease import Lease
 from ._types import ExcType, ExcValue, Traceback
 from ._wakeup import WakeSlot
-from .backends.base import Attempt, Claim, Interrupted, Kind
+from .backends.base import Attempt, Claim, Interrupted
 
 __all__ = ("Lock", "ReadWriteLock")
-
-# Kind's members as module globals: reading Kind.X costs a metaclass lookup on Python 3.11.
-_EXCLUSIVE, _FAIR, _SHARED, _PERMIT = Kind.EXCLUSIVE, Kind.FAIR, Kind.SHARED, Kind.PERMIT
 
 # A waiter whose holder's lease is about to expire retries this long after the expiry,
 # so that its attempt does not land a hair before the server drops the key.
@@ -113,9 +111,9 @@ class Lock:
         self.shared = shared
         self.limit = limit  # > 0: a semaphore permit (see Coordinator.semaphore)
         self.fair = fair
-        self.kind = _PERMIT if limit else _SHARED if shared else _EXCLUSIVE
+        self.kind = PERMIT if limit else SHARED if shared else EXCLUSIVE
         if fair:
-            self.kind = _FAIR
+            self.kind = FAIR
         # The lease of each task inside ``async with`` (several when shared).
         self._leases: dict[asyncio.Task[object] | None, Lease] = {}
 

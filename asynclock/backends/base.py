@@ -23,36 +23,25 @@ from typing import Any, ClassVar, NamedTuple
 
 from .._clock import Clock, LoopClock
 from .._errors import BackendError
+from .._kind import PERMIT, SHARED, Kind
 from .._validate import check_number
 from .._wakeup import Mailbox, WakeSlot
 
+__all__ = (
+    "TOKEN_CHARS",
+    "Attempt",
+    "Backend",
+    "Claim",
+    "GiveBack",
+    "Interrupted",
+    "Kind",
+    "LockInfo",
+    "Wakeups",
+    "owner_of",
+)
+
 #: Owner tokens are ``secrets.token_hex(16)``: 128 random bits, 32 hex characters.
 TOKEN_CHARS = 32
-
-
-class Kind(enum.Enum):
-    """What a :class:`Claim` asks for. A backend lists the kinds it grants in
-    :attr:`Backend.kinds`; the coordinator refuses the others before sending anything."""
-
-    #: A lock: one holder at a time. Also a read-write lock's writer, which excludes
-    #: readers too.
-    EXCLUSIVE = "exclusive"
-    #: A lock granted in arrival order: an attempt is refused while a live waiter that
-    #: came earlier is queued, and a release wakes the first in line.
-    FAIR = "fair"
-    #: A reader of a read-write lock: readers share the name, an exclusive claim (the
-    #: writer) excludes everyone. Writers are preferred: once a writer was refused, new
-    #: readers are refused until it got the lock (or gave up and its place lapsed), so a
-    #: stream of readers cannot starve it.
-    SHARED = "shared"
-    #: One of ``limit`` permits of the counting semaphore ``name``: at most ``limit``
-    #: holders at once, each with its own expiry and fence. Semaphores live apart from
-    #: locks of the same name.
-    PERMIT = "permit"
-
-
-# Kind's members as module globals: reading Kind.X costs a metaclass lookup on Python 3.11.
-_SHARED, _PERMIT = Kind.SHARED, Kind.PERMIT
 
 
 class Claim:
@@ -93,10 +82,10 @@ class Claim:
     ) -> None:
         if not isinstance(kind, Kind):
             raise TypeError(f"kind must be an asynclock.backends.Kind, got {kind!r}")
-        if (kind is _PERMIT) != (limit >= 1):
+        if (kind is PERMIT) != (limit >= 1):
             raise ValueError(
                 f"a {kind.value} claim takes "
-                f"{'a limit of at least 1' if kind is _PERMIT else 'no limit'}, got {limit}"
+                f"{'a limit of at least 1' if kind is PERMIT else 'no limit'}, got {limit}"
             )
         self.name = name
         self.token = token
@@ -374,7 +363,7 @@ class Backend(Wakeups):
         That names one holder only, so a backend where several hold one name (readers,
         semaphore permits) overrides this or raises ``NotImplementedError`` for them.
         """
-        if claim.kind in (_SHARED, _PERMIT):
+        if claim.kind in (SHARED, PERMIT):
             raise NotImplementedError(
                 f"{type(self).__name__} cannot tell whether a shared lease or permit is still "
                 "held; only an exclusive one"

@@ -14,13 +14,11 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from .._clock import Clock
+from .._kind import FAIR, PERMIT, SHARED
 from .._wakeup import Mailbox, WakeHub, WakeSlot
 from .base import Attempt, Backend, Claim, GiveBack, Interrupted, Kind, LockInfo, owner_of
 
 __all__ = ("MemoryBackend",)
-
-# Kind's members as module globals: reading Kind.X costs a metaclass lookup on Python 3.11.
-_FAIR, _SHARED, _PERMIT = Kind.FAIR, Kind.SHARED, Kind.PERMIT
 
 # A queued waiter keeps its place this long beyond its longest sleep between attempts.
 _QUEUE_MARGIN = 1.0
@@ -148,15 +146,15 @@ class MemoryBackend(Backend):
     async def try_acquire(self, claim: Claim, ttl: float, *, wait: float | None = 0.0) -> Attempt:
         with self._table.mutex:
             kind = claim.kind
-            if kind is _PERMIT:
+            if kind is PERMIT:
                 return self._permit(claim, ttl)
-            shared = kind is _SHARED
+            shared = kind is SHARED
             table = self._table
             name = claim.name
             now = self.clock.now()
             stay = now + claim.recheck + _QUEUE_MARGIN
             holders = table.live(name, now)
-            if kind is _FAIR:
+            if kind is FAIR:
                 queue = table.queue(name, now)
                 first = next(iter(queue), claim.value)
                 if holders is not None or first != claim.value:
@@ -201,7 +199,7 @@ class MemoryBackend(Backend):
         return Attempt(fence)
 
     def _holders(self, claim: Claim, now: float) -> dict[str, _Holder] | None:
-        if claim.kind is _PERMIT:
+        if claim.kind is PERMIT:
             permits = self._table.permits.get(claim.name)
             if permits is None:
                 return None
@@ -230,16 +228,16 @@ class MemoryBackend(Backend):
             holders = self._holders(claim, now)
             if holders is None or holders.pop(claim.value, None) is None:
                 return False
-            if claim.kind is _PERMIT:
+            if claim.kind is PERMIT:
                 table.hub.notify_one(claim.name)  # one permit came free
             elif not holders:
                 del table.holders[claim.name]
                 del table.exclusive[claim.name]
-                fair = claim.kind is _FAIR
+                fair = claim.kind is FAIR
                 first = next(iter(table.queue(claim.name, now)), None) if fair else None
                 if first is not None:
                     table.hub.notify_tag(claim.name, first)  # the first in line, and only it
-                elif claim.kind is _SHARED or claim.name in table.writer_waiting:
+                elif claim.kind is SHARED or claim.name in table.writer_waiting:
                     table.hub.notify_all(claim.name)  # the writer, or every reader
                 else:
                     table.hub.notify_one(claim.name)

@@ -239,22 +239,22 @@ LIVENESS_MUTANTS = (
         (
             (
                 "backends/memory.py",
-                """            if claim.kind is _PERMIT:
+                """            if claim.kind is PERMIT:
                 table.hub.notify_one(claim.name)  # one permit came free
             elif not holders:
                 del table.holders[claim.name]
                 del table.exclusive[claim.name]
-                fair = claim.kind is _FAIR
+                fair = claim.kind is FAIR
                 first = next(iter(table.queue(claim.name, now)), None) if fair else None
                 if first is not None:
                     table.hub.notify_tag(claim.name, first)  # the first in line, and only it
-                elif claim.kind is _SHARED or claim.name in table.writer_waiting:
+                elif claim.kind is SHARED or claim.name in table.writer_waiting:
                     table.hub.notify_all(claim.name)  # the writer, or every reader
                 else:
                     table.hub.notify_one(claim.name)
             return True
 """,
-                """            if claim.kind is not _PERMIT and not holders:
+                """            if claim.kind is not PERMIT and not holders:
                 del table.holders[claim.name]
                 del table.exclusive[claim.name]
             return True

@@ -91,6 +91,7 @@ import asyncpg
 
 from ..._clock import Clock
 from ..._errors import BackendError
+from ..._kind import PERMIT, SHARED
 from ..._pgkeys import DEFAULT_NAMESPACE, advisory_key, fence_ids, key_in, lock_ids
 from ..._tasks import TaskSet
 from ..._validate import check_name, check_number
@@ -124,9 +125,6 @@ from .sql import (
 )
 
 __all__ = ("PostgresBackend",)
-
-# Kind's members as module globals: reading Kind.X costs a metaclass lookup on Python 3.11.
-_SHARED, _PERMIT = Kind.SHARED, Kind.PERMIT
 
 logger = logging.getLogger("asynclock.postgres")
 
@@ -359,7 +357,7 @@ class PostgresBackend(Backend):
         owner = identity_of(claim.value)
         if owner not in self._registered and not inline(owner, math.ceil(ttl * 1000)):
             await self._register(owner, math.ceil(ttl * 1000))
-        if claim.kind is _PERMIT:
+        if claim.kind is PERMIT:
             permit = await self._take_permit(sql, claim, math.ceil(ttl * 1000), wait, began)
             if permit is None:
                 return Attempt(None)
@@ -417,13 +415,13 @@ class PostgresBackend(Backend):
             # try's text, with the same parameters, does not set them again.
             text = TRY if mode == TRY_BEFORE_WAIT and conn.unbounded else mode
             try:
-                statement = sql.acquire[configure, text, claim.kind is _SHARED]
+                statement = sql.acquire[configure, text, claim.kind is SHARED]
                 row = await conn.raw.fetchrow(statement, *args, timeout=self._within(bound))
                 if mode == TRY_BEFORE_WAIT:
                     conn.unbounded = True  # committed with the statement
                 if row is None and wait != 0:
                     bound = args[_LOCK_TIMEOUT_ARG] = self._lock_bound(WAIT, wait, began)
-                    statement = sql.acquire[configure, WAIT, claim.kind is _SHARED]
+                    statement = sql.acquire[configure, WAIT, claim.kind is SHARED]
                     row = await conn.raw.fetchrow(statement, *args, timeout=self._within(bound))
             except asyncpg.exceptions.LockNotAvailableError:
                 # lock_timeout ended the statement: in the queue (nothing taken), or in the

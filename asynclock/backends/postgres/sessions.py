@@ -22,17 +22,15 @@ import asyncpg
 
 from ..._cancel import undo_on_interrupt
 from ..._errors import BackendError
+from ..._kind import SHARED
 from ..._pgkeys import permit_fence_ids, permit_prefix, waiting_key
 from ..._tasks import TaskSet
-from ..base import Claim, Kind
+from ..base import Claim
 from .errors import DRIVER_ERRORS, answered
 from .holders import identity_of, shown
 from .sql import RESET, Statements
 
 __all__ = ("Conn", "Permit", "Session", "SessionPool", "session_args")
-
-# Kind's members as module globals: reading Kind.X costs a metaclass lookup on Python 3.11.
-_SHARED = Kind.SHARED
 
 # How long a connection is kept out of the pool for the next lease after its last one
 # (back-to-back leases skip the pool's checkout): then it goes back to the pool, where
@@ -351,7 +349,7 @@ class SessionPool:
         permit: Permit | None = None,
     ) -> Session:
         """A session for ``claim`` on ``conn``, watched for the connection's end."""
-        session = Session(conn, key, claim.kind is _SHARED, ttl_ms, permit)
+        session = Session(conn, key, claim.kind is SHARED, ttl_ms, permit)
         self.active.add(session)
         claim.ended = False  # a new session: an earlier one's end is no news for it
         conn.watched = (session, claim)

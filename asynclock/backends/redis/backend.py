@@ -26,6 +26,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from ..._clock import Clock
 from ..._errors import BackendError
+from ..._kind import PERMIT, SHARED
 from ..._tasks import TaskSet
 from ..._validate import check_number
 from ..._wakeup import Mailbox, WakeHub, WakeSlot
@@ -38,9 +39,6 @@ from .pubsub import Listener, ShardedSubscriber, Subscriber, Waiter
 from .transport import Link, Transport, link_for, text
 
 __all__ = ("RedisBackend",)
-
-# Kind's members as module globals: reading Kind.X costs a metaclass lookup on Python 3.11.
-_SHARED, _PERMIT = Kind.SHARED, Kind.PERMIT
 
 logger = logging.getLogger("asynclock.redis")
 
@@ -326,7 +324,7 @@ class RedisBackend(Backend):
     async def extend_many(self, items: Sequence[tuple[Claim, float]]) -> list[bool | None]:
         # Locks go in batches (one script call per chunk); readers and permits, each in
         # a set of its own, one call each, all at once.
-        alone = (_PERMIT, _SHARED)
+        alone = (PERMIT, SHARED)
         plain = [i for i, (claim, _) in enumerate(items) if claim.kind not in alone]
         results: list[bool | None] = [None] * len(items)
         others = [i for i, (claim, _) in enumerate(items) if claim.kind in alone]

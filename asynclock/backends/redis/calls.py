@@ -12,14 +12,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..base import Claim, Kind
+from ..._kind import FAIR, PERMIT, SHARED
+from ..base import Claim
 from . import scripts
 from .keys import Keys
 
 __all__ = ("EXTEND_CHUNK", "QUEUE_MARGIN_MS", "RELEASED_MARGIN_MS", "Call", "Calls")
 
-# Kind's members as module globals: reading Kind.X costs a metaclass lookup on Python 3.11.
-_FAIR, _SHARED, _PERMIT = Kind.FAIR, Kind.SHARED, Kind.PERMIT
 
 Call = tuple[scripts.Script, int, tuple[Any, ...]]
 
@@ -210,26 +209,26 @@ class Calls:
         """The acquire of ``claim``'s kind (permit, reader, fair or plain lock)."""
         value = claim.value
         kind = claim.kind
-        if kind is _PERMIT:
+        if kind is PERMIT:
             return self.permit(keys, value, ttl, claim.limit, queue=queue)
-        if kind is _SHARED:
+        if kind is SHARED:
             return self.shared(keys, value, ttl, queue=queue)
-        if kind is _FAIR:
+        if kind is FAIR:
             return self.fair(keys, value, ttl, queue=queue)
         return self.acquire(keys, value, ttl, queue=queue)
 
     def extend_claim(self, keys: Keys, claim: Claim, ttl: float) -> Call:
         """The extend of ``claim``'s kind."""
-        if claim.kind is _PERMIT:
+        if claim.kind is PERMIT:
             return self.extend_permit(keys, claim.value, ttl)
-        if claim.kind is _SHARED:
+        if claim.kind is SHARED:
             return self.extend_shared(keys, claim.value, ttl)
         return self.extend(keys, claim.value, ttl)
 
     def release_claim(self, keys: Keys, claim: Claim) -> Call:
         """The release of ``claim``'s kind."""
-        if claim.kind is _PERMIT:
+        if claim.kind is PERMIT:
             return self.release_permit(keys, claim.value)
-        if claim.kind is _SHARED:
+        if claim.kind is SHARED:
             return self.release_shared(keys, claim.value)
         return self.release(keys, claim.value)
