@@ -22,7 +22,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 from ._errors import BackendError, LockTimeout
 from ._lock import Lock
 
-__all__ = ("LockMaker", "leave", "locked", "singleton", "template_fields")
+__all__ = ("LockMaker", "leave", "locked", "namer", "singleton", "template_fields")
 
 logger = logging.getLogger("asynclock")
 
@@ -69,10 +69,18 @@ def template_fields(template: object, *, what: str = "parameters") -> frozenset[
 
 
 def _namer(template: str, fn: Callable[..., Any]) -> Namer:
-    """A function from a call's arguments to the lock name; checks the template now."""
+    """:func:`namer` for an ``async def``."""
     fields = template_fields(template)
     if not inspect.iscoroutinefunction(fn):
         raise TypeError(f"{getattr(fn, '__qualname__', fn)!r} must be an async def function")
+    return namer(template, fn, fields)
+
+
+def namer(template: str, fn: Callable[..., Any], fields: frozenset[str] | None = None) -> Namer:
+    """A function from a call's arguments to the lock name; checks the template now
+    (against ``fn``'s parameters)."""
+    if fields is None:
+        fields = template_fields(template)
     signature = inspect.signature(fn)
     for root in sorted(fields):
         if root not in signature.parameters:

@@ -277,6 +277,34 @@ class Leadership:
             raise
         await self._lock.__aexit__(exc_type, exc, tb)
 
+    # -- for a holder that is not a task (the blocking API's threads) -----------------
+
+    async def take(self) -> Term:
+        """Wait until this candidate leads; the :class:`Term`, tied to no task (nothing
+        is cancelled on loss: ``term.lease.lost`` turns true). End it with :meth:`resign`.
+        A cancel while announcing gives the lease back."""
+        election = self._election
+        lease = await self._lock.acquire()
+        term = Term(election.name, election.identity, lease.fence, lease)
+        try:
+            await self._announce("elected", term)
+        except BaseException as exc:
+            await lease.end_block(None, exc, LeadershipLost)
+            raise
+        return term
+
+    async def resign(self, term: Term, exc: BaseException | None) -> None:
+        """End a term from :meth:`take` after code that ended with ``exc`` (None: it
+        returned): announce the resignation, release, and raise
+        :class:`LeadershipLost` if the term was lost (see ``Lease.end_block``)."""
+        try:
+            if term.lease.held:
+                await self._announce("resigned", term)
+        except BaseException as interrupted:
+            await term.lease.end_block(None, interrupted, LeadershipLost)
+            raise
+        await term.lease.end_block(None, exc, LeadershipLost)
+
     async def _announce(self, kind: str, term: Term) -> None:
         """Best effort: observers also look again on their own. A cancel that arrived
         while the server failed is raised as the cancel, never swallowed with the error."""

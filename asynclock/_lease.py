@@ -13,6 +13,7 @@ import enum
 import logging
 import math
 import warnings
+from collections.abc import Callable
 
 from ._backoff import Backoff
 from ._cancel import CancelMark
@@ -39,6 +40,14 @@ logger = logging.getLogger("asynclock")
 _REDELIVER_EAGER = 0.05
 _REDELIVER_FIRST = 0.001
 _REDELIVER_MAX = 0.005
+
+
+def _call_safely(callback: Callable[[Lease], object], lease: Lease) -> None:
+    """A loss callback's error is logged: it must not stop the loss's delivery."""
+    try:
+        callback(lease)
+    except Exception:
+        logger.exception("the loss callback of %r (fence %d) raised", lease.name, lease.fence)
 
 
 class _State(enum.Enum):
@@ -70,6 +79,7 @@ class Lease:
         "_entry",
         "_in_body",
         "_interval",
+        "_on_loss",
         "_quiet",
         "_reason",
         "_releasing",
@@ -113,6 +123,7 @@ class Lease:
         self._task: asyncio.Task[object] | None = None
         self._entry: CancelMark | None = None
         self._in_body = False
+        self._on_loss: list[Callable[[Lease], object]] | None = None  # see when_lost()
         self._cancels = 0  # cancels sent to that task because the lease was lost
         # True while an extend request (the watchdog's renewal or extend()) is in flight:
         # one at a time, so that the last reply is from the request the server ran last.
@@ -150,6 +161,11 @@ class Lease:
     def held(self) -> bool:
         """True while the lease is held: neither released nor lost."""
         return self._state is _HELD
+
+    @property
+    def reason(self) -> str:
+        """Why the lease was lost ("" unless :attr:`lost`)."""
+        return self._reason if self._state is _LOST else ""
 
     async def extend(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` seconds (default: its current ``ttl``) from now.
@@ -410,6 +426,9 @@ class Lease:
             engine.recorder.released(self.name, self.fence)
         else:
             engine.recorder.lost(self.name, self.fence, reason)
+            callbacks, self._on_loss = self._on_loss, None
+            for callback in callbacks or ():
+                _call_safely(callback, self)
         return True
 
     def _released_after_loss(self) -> None:
@@ -476,6 +495,18 @@ class Lease:
         report), and its lock is given back with the rest of the close (engine-internal)."""
         if self._end(_RELEASED):
             self._engine.release_in_background(self._claim, self.ttl)
+
+    def when_lost(self, callback: Callable[[Lease], object]) -> None:
+        """Call ``callback(lease)`` in the event loop when this lease is lost (once; at
+        once if it already was). Not when it is released. The callback must not block:
+        it runs where renewals run. An exception it raises is logged. The blocking API
+        (:mod:`asynclock.sync`) hands it on to a thread from here."""
+        if self._state is _LOST:
+            _call_safely(callback, self)
+        elif self._state is _HELD:
+            if self._on_loss is None:
+                self._on_loss = []
+            self._on_loss.append(callback)
 
     # -- ``async with``, for Lock ------------------------------------------------------
 

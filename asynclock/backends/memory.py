@@ -8,6 +8,7 @@ of that NAME; ``MemoryBackend()`` has a table of its own.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Sequence
@@ -100,6 +101,18 @@ class _Table:
 _shared_tables: weakref.WeakValueDictionary[str, _Table] = weakref.WeakValueDictionary()
 _shared_fences: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
 _shared_mutex = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child is another process: its ``memory://`` tables start empty (the
+    parent's holders are not the child's) under fresh mutexes (one that a parent thread
+    held at the fork would never be released in the child); fence counters carry on."""
+    global _shared_mutex  # noqa: PLW0603 - replaced, not shared, in the child
+    _shared_mutex = threading.Lock()
+    _shared_tables.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class MemoryBackend(Backend):

@@ -1,0 +1,114 @@
+"""Bridge: what every blocking object of one coordinator shares — its loop thread, the
+async :class:`~asynclock.Coordinator` that runs there, and how to make a fresh one after
+``fork()``."""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from .._coordinator import Coordinator as AsyncCoordinator
+from .._errors import CoordinatorClosed
+from ._portal import Interrupt, LoopThread
+
+__all__ = ("Bridge", "Interrupt")
+
+T = TypeVar("T")
+
+
+class Bridge:
+    """The loop thread and the async coordinator of one blocking coordinator.
+
+    ``generation`` counts the forks this process came through: objects made before a
+    fork (leases above all: their lock is the parent's) are refused in the child.
+    """
+
+    def __init__(
+        self, core: AsyncCoordinator, rebuild: Callable[[], AsyncCoordinator] | None
+    ) -> None:
+        self._core: AsyncCoordinator | None = core
+        self._rebuild = rebuild
+        self._mutex = threading.Lock()
+        self.generation = 0
+        self.pid = os.getpid()
+        self.closed = False
+        self.thread = LoopThread(f"asynclock-loop {core.identity}")
+        _bridges.add(self)
+
+    def core(self) -> AsyncCoordinator:
+        """The async coordinator of this process (made afresh after a fork)."""
+        core = self._core
+        if core is not None:
+            return core
+        with self._mutex:
+            if self._core is None:
+                if self.closed:
+                    raise CoordinatorClosed("this Coordinator is closed")
+                if self._rebuild is None:
+                    raise RuntimeError(
+                        f"this asynclock.sync.Coordinator was made from a backend object in "
+                        f"process {self.pid}, and is used after fork() in process "
+                        f"{os.getpid()}: the backend's connections belong to the parent, "
+                        "and a backend object cannot be rebuilt. Make the coordinator in the "
+                        "child, or use asynclock.sync.connect(url), which reconnects in a "
+                        "child by itself"
+                    )
+                self._core = self._rebuild()
+                self.pid = os.getpid()
+            return self._core
+
+    def call(
+        self,
+        function: Callable[..., Coroutine[Any, Any, T]],
+        *args: Any,
+        interrupt: Interrupt = Interrupt.CANCEL,
+        undo: Callable[[T], Coroutine[Any, Any, object]] | None = None,
+    ) -> T:
+        """Run ``function(*args)`` on the loop thread and wait for it."""
+        if self.closed:
+            raise CoordinatorClosed("this Coordinator is closed")
+        return self.thread.call(function, *args, interrupt=interrupt, undo=undo)
+
+    def check_generation(self, generation: int, what: str) -> None:
+        """RuntimeError for an object made before this process was forked."""
+        if generation != self.generation:
+            raise RuntimeError(
+                f"{what} was made before this process was forked: it belongs to the parent "
+                "process; make it again in the child"
+            )
+
+    def close(self) -> None:
+        """Close the async coordinator (in the loop), then stop the loop thread."""
+        with self._mutex:
+            if self.closed:
+                return
+            self.closed = True
+            core = self._core
+        try:
+            if core is not None and self.thread.loop is not None:
+                self.thread.call(core.aclose, interrupt=Interrupt.FINISH)
+        finally:
+            self.thread.stop()
+
+    def forked(self) -> None:
+        """In a forked child: the parent's coordinator stays untouched (its sockets are
+        the parent's); the next use makes a fresh one."""
+        _abandoned.append(self._core)
+        self._core = None
+        self._mutex = threading.Lock()
+        self.generation += 1
+
+
+_bridges: weakref.WeakSet[Bridge] = weakref.WeakSet()
+_abandoned: list[object] = []  # never closed, collected or used in the child
+
+
+def _after_fork_in_child() -> None:
+    for bridge in list(_bridges):
+        bridge.forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
