@@ -98,6 +98,11 @@ class Lease:
         """True while the lease is held: neither released nor lost."""
         return not self.lost and self._core.held
 
+    @property
+    def reason(self) -> str:
+        """Why the lease was lost ("" unless :attr:`lost`)."""
+        return self._loss().args[0] if self.lost else ""
+
     def check(self) -> None:
         """Return if the lease is still held; raise :class:`~asynclock.LockLost` if it
         was lost (see :attr:`lost`), :class:`~asynclock.LockNotOwned` if it was released.
@@ -276,12 +281,9 @@ class Lock:
     def _check_reentry(self) -> None:
         """Refuse to wait for a lock this thread holds inside ``with``: it would wait for
         its own lease (until the timeout, or forever). Semaphore permits are apart."""
-        ident = threading.get_ident()
-        if ident in self._leases:
-            raise RuntimeError(f"lock {self.name!r} is already held by this thread (not reentrant)")
         if self._core[1].limit:
             return
-        for lease in _entered.get(ident, ()):
+        for lease in _entered.get(threading.get_ident(), ()):
             if (
                 lease._bridge is self._bridge
                 and lease.name == self.name
@@ -295,8 +297,10 @@ class Lock:
                 )
 
     def __enter__(self) -> Lease:
-        lease = self.acquire()
         ident = threading.get_ident()
+        if ident in self._leases:
+            raise RuntimeError(f"lock {self.name!r} is already held by this thread (not reentrant)")
+        lease = self.acquire()
         self._leases[ident] = lease
         _entered.setdefault(ident, []).append(lease)
         return lease
