@@ -17,8 +17,9 @@ from asynclock.postgres import advisory_key
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
-PROGRAMS = [block for block in BLOCKS if "asyncio.run(" in block]
-FRAGMENTS = [block for block in BLOCKS if "asyncio.run(" not in block]
+# A program runs as written: an async one ends in asyncio.run(), a blocking one in main().
+PROGRAMS = [block for block in BLOCKS if "asyncio.run(" in block or block.endswith("\nmain()\n")]
+FRAGMENTS = [block for block in BLOCKS if block not in PROGRAMS]
 
 
 def test_programs_type_check(tmp_path: Path) -> None:

@@ -101,7 +101,7 @@ class Lease:
     @property
     def reason(self) -> str:
         """Why the lease was lost ("" unless :attr:`lost`)."""
-        return self._loss().args[0] if self.lost else ""
+        return self._why() if self.lost else ""
 
     def check(self) -> None:
         """Return if the lease is still held; raise :class:`~asynclock.LockLost` if it
@@ -118,15 +118,16 @@ class Lease:
             )
 
     def _loss(self) -> LockLost:
-        if self._forked():
-            reason = "it was acquired by the parent process, before fork()"
-        elif self._core.lost:
-            reason = self._core.reason or "lost"
-        else:
-            reason = "its local validity ran out"
         return self._lost_error(
-            f"lease on {self.name!r} (fence {self.fence}) lost: {reason}", name=self.name
+            f"lease on {self.name!r} (fence {self.fence}) lost: {self._why()}", name=self.name
         )
+
+    def _why(self) -> str:
+        if self._forked():
+            return "it was acquired by the parent process, before fork()"
+        if self._core.lost:
+            return self._core.reason or "lost"
+        return "its local validity ran out"
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` seconds (default: its ``ttl``) from now; see
