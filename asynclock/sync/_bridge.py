@@ -35,6 +35,7 @@ class Bridge:
         self.generation = 0
         self.pid = os.getpid()
         self.closed = False
+        self.identity = core.identity  # as first made (a repr must not reconnect)
         self.thread = LoopThread(f"asynclock-loop {core.identity}")
         _bridges.add(self)
 
@@ -89,7 +90,7 @@ class Bridge:
             core = self._core
         try:
             if core is not None and self.thread.loop is not None:
-                self.thread.call(core.aclose, interrupt=Interrupt.FINISH)
+                self.thread.call(core.aclose, interrupt=Interrupt.WAIT)
         finally:
             self.thread.stop()
 

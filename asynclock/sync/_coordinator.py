@@ -28,6 +28,7 @@ __all__ = ("Coordinator", "connect")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class Coordinator:
@@ -223,14 +224,16 @@ class Coordinator:
 
     def stats(self) -> CoordinatorStats:
         """Counters since this coordinator began, gauges now, latency summaries."""
-        return self._bridge.core().stats()
+        stats: CoordinatorStats = self._bridge.call(_in_loop, self._bridge.core().stats)
+        return stats
 
     @property
     def held(self) -> list[Lease]:
         """The leases this coordinator holds now (as blocking leases)."""
         bridge = self._bridge
-        core = bridge.core()
-        return [Lease(bridge, lease, bridge.generation) for lease in core.held]
+        generation = bridge.generation
+        held = bridge.call(_in_loop, lambda: bridge.core().held)
+        return [Lease(bridge, lease, generation) for lease in held]
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -265,12 +268,14 @@ class Coordinator:
 
     def __repr__(self) -> str:
         bridge = self._bridge
-        if bridge.closed:
-            state = "closed"
-        else:
-            core = bridge.core()
-            state = f"held={len(core.held)}"
-        return f"<asynclock.sync.Coordinator identity={self.identity!r} {state}>"
+        state = "closed" if bridge.closed else "open"
+        return f"<asynclock.sync.Coordinator identity={bridge.identity!r} {state}>"
+
+
+async def _in_loop(function: Callable[[], T]) -> T:
+    """``function()`` in the loop thread: what reads the engine's state, which only that
+    thread changes."""
+    return function()
 
 
 async def _end_by_own_close(leases: list[AsyncLease]) -> None:

@@ -13,7 +13,8 @@ its own lifecycle) the coordinator does not use.
 Interrupts: a ``KeyboardInterrupt`` (or any exception raised into the waiting thread)
 while it waits either cancels the call (``CANCEL``: an acquire; the async core then
 gives back whatever the server granted) and waits for it to end, or leaves it running
-to its end (``FINISH``: a release, a close) — a release is never abandoned half-way.
+to its end (``FINISH``: a release), or waits for its end before raising (``WAIT``: a
+close, which is bounded) — a release or a close is never abandoned half-way.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Interrupt(enum.Enum):
 
     CANCEL = "cancel"  # cancel it, wait for the cancellation to end, then raise
     FINISH = "finish"  # let it run to its end in the loop, raise at once
+    WAIT = "wait"  # wait for its end (it is bounded), then raise: a close
 
 
 class _Call:
@@ -216,6 +218,9 @@ class LoopThread:
                 # Done before the cancel landed: the result (a lease) reached nobody.
                 result = task.result()
                 self.spawn(lambda: undo(result))
+            return
+        if interrupt is Interrupt.WAIT:
+            call.wait_uninterrupted()
             return
         loop.call_soon_threadsafe(self._keep, call)
 
