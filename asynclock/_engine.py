@@ -47,8 +47,9 @@ class HeldLease(Renewable, Protocol):
         """True while ``task`` runs this lease's ``async with`` body."""
         ...
 
-    def end_by_own_close(self) -> None:
-        """The coordinator is closed from inside this lease's own body."""
+    def end_released(self) -> None:
+        """End released, the lock given back in the background (a close from inside the
+        lease's own body)."""
         ...
 
     def end_after_background_release(self, released: bool) -> None:
@@ -344,7 +345,7 @@ class Engine(Generic[L]):
             me = asyncio.current_task()
             for lease in self.held():
                 if lease.in_body_of(me):
-                    lease.end_by_own_close()  # its body is the caller: nothing to cancel
+                    lease.end_released()  # its body is the caller: nothing to cancel
                 else:
                     lease.mark_lost("the coordinator was closed")
             for slot in list(self.waiting):

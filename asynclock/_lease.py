@@ -489,10 +489,11 @@ class Lease:
                 delay, self._cancel_body, task, eager_until, min(delay * 2, _REDELIVER_MAX)
             )
 
-    def end_by_own_close(self) -> None:
-        """The coordinator is closed from inside this lease's own body: the lease ends
-        released (its body is the caller: there is nothing to cancel, and no loss to
-        report), and its lock is given back with the rest of the close (engine-internal)."""
+    def end_released(self) -> None:
+        """End the lease released, and give its lock back in the background: nothing to
+        cancel, no loss to report (engine-internal). For a close from inside the lease's
+        own body (its body is the caller), and for a grant that an interrupt kept from
+        its blocking caller (``asynclock.sync``: nobody ever held it)."""
         if self._end(_RELEASED):
             self._engine.release_in_background(self._claim, self.ttl)
 

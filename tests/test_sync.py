@@ -631,7 +631,7 @@ _INTERNAL = {
         "confirmed",
         "end_after_background_release",
         "end_block",
-        "end_by_own_close",
+        "end_released",
         "enter_body",
         "in_body_of",
         "leave_body",

@@ -66,12 +66,11 @@ class Bridge:
         function: Callable[..., Coroutine[Any, Any, T]],
         *args: Any,
         interrupt: Interrupt = Interrupt.CANCEL,
-        undo: Callable[[T], Coroutine[Any, Any, object]] | None = None,
     ) -> T:
         """Run ``function(*args)`` on the loop thread and wait for it."""
         if self.closed:
             raise CoordinatorClosed("this Coordinator is closed")
-        return self.thread.call(function, *args, interrupt=interrupt, undo=undo)
+        return self.thread.call(function, *args, interrupt=interrupt)
 
     def check_generation(self, generation: int, what: str) -> None:
         """RuntimeError for an object made before this process was forked."""

@@ -253,7 +253,7 @@ class Coordinator:
             return
         own = entered_by(threading.get_ident(), bridge)
         if own and bridge.thread.loop is not None:
-            bridge.call(_end_by_own_close, own, interrupt=Interrupt.FINISH)
+            bridge.call(_end_released, own, interrupt=Interrupt.FINISH)
         bridge.close()
 
     def __enter__(self) -> Self:
@@ -278,9 +278,9 @@ async def _in_loop(function: Callable[[], T]) -> T:
     return function()
 
 
-async def _end_by_own_close(leases: list[AsyncLease]) -> None:
+async def _end_released(leases: list[AsyncLease]) -> None:
     for lease in leases:
-        lease.end_by_own_close()
+        lease.end_released()
 
 
 def _check_on_lost(on_lost: object) -> None:

@@ -180,14 +180,20 @@ class Leadership:
         if ident in self._terms:
             raise RuntimeError("this leadership is already entered by this thread")
         bridge = self._bridge
-        core = bridge.call(self._core.take, undo=self._give_back)
-        lease = make_lease(bridge, core.lease, self._generation, LeadershipLost)
-        term = Term(core.name, core.identity, core.fence, lease)
-        self._terms[ident] = (term, core)
+        granted: list[AsyncTerm] = []
+        try:
+            core = bridge.call(_take, self._core, granted)
+            lease = make_lease(bridge, core.lease, self._generation, LeadershipLost)
+            term = Term(core.name, core.identity, core.fence, lease)
+            self._terms[ident] = (term, core)
+        except BaseException:
+            # Interrupted between the grant and the block: resign in the background.
+            if granted:
+                self._terms.pop(ident, None)
+                leadership = self._core
+                bridge.thread.spawn(lambda: leadership.resign(granted[0], _interrupt()))
+            raise
         return term
-
-    async def _give_back(self, term: AsyncTerm) -> None:
-        await self._core.resign(term, None)
 
     def __exit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> None:
         entry = self._terms.pop(threading.get_ident(), None)
@@ -195,6 +201,19 @@ class Leadership:
             raise RuntimeError("this leadership was not entered by this thread")
         term, core = entry
         _resign(self._bridge, self._core, term, core, exc)
+
+
+async def _take(leadership: AsyncLeadership, granted: list[AsyncTerm]) -> AsyncTerm:
+    """Lead; the term also goes into ``granted``, in the step it is won (see Lock)."""
+    term = await leadership.take()
+    granted.append(term)
+    return term
+
+
+def _interrupt() -> BaseException:
+    import asyncio  # noqa: PLC0415 - only for this rare path
+
+    return asyncio.CancelledError("interrupted before its block began")
 
 
 def _resign(

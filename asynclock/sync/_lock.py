@@ -272,12 +272,22 @@ class Lock:
         ``BackendError`` at once when the server cannot be reached. An interrupt of the
         calling thread (``KeyboardInterrupt``) gives back whatever the server granted.
         """
+        granted: list[Lease] = []
+        try:
+            return self._acquire(granted)
+        except BaseException:
+            if granted:  # an interrupt took the lease from the caller: give it back
+                abandon(granted[0])
+            raise
+
+    def _acquire(self, granted: list[Lease]) -> Lease:
+        """Acquire; the lease is also put in ``granted`` in the loop as it is made, so
+        that an interrupt landing anywhere after the grant leaves it reachable (the
+        caller gives it back)."""
         self._check_reentry()
         generation, core = self._current()
         bridge = self._bridge
-        return bridge.call(
-            _acquire, core, bridge, generation, self._on_lost, core.limit, undo=_give_back
-        )
+        return bridge.call(_acquire, core, bridge, generation, self._on_lost, granted)
 
     def _check_reentry(self) -> None:
         """Refuse to wait for a lock this thread holds inside ``with``: it would wait for
@@ -301,21 +311,35 @@ class Lock:
         ident = threading.get_ident()
         if ident in self._leases:
             raise RuntimeError(f"lock {self.name!r} is already held by this thread (not reentrant)")
-        lease = self.acquire()
-        self._leases[ident] = lease
-        _entered.setdefault(ident, []).append(lease)
+        granted: list[Lease] = []
+        try:
+            lease = self._acquire(granted)
+            self._leases[ident] = lease
+            _entered.setdefault(ident, []).append(lease)
+        except BaseException:
+            # Interrupted between the grant and the block (the ``with`` never starts, so
+            # nothing else would leave it): give the lease back.
+            if granted:
+                self._forget(ident, granted[0])
+                abandon(granted[0])
+            raise
         return lease
 
-    def __exit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> None:
-        ident = threading.get_ident()
-        lease = self._leases.pop(ident, None)
-        if lease is None:
-            raise RuntimeError(f"lock {self.name!r} was not entered by this thread")
+    def _forget(self, ident: int, lease: Lease) -> None:
+        if self._leases.get(ident) is lease:
+            del self._leases[ident]
         entered = _entered.get(ident)
-        if entered is not None:
+        if entered is not None and lease in entered:
             entered.remove(lease)
             if not entered:
                 del _entered[ident]
+
+    def __exit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> None:
+        ident = threading.get_ident()
+        lease = self._leases.get(ident)
+        if lease is None:
+            raise RuntimeError(f"lock {self.name!r} was not entered by this thread")
+        self._forget(ident, lease)
         end_block(lease, exc)
 
     def __repr__(self) -> str:
@@ -331,18 +355,26 @@ async def _acquire(
     bridge: Bridge,
     generation: int,
     on_lost: LossCallback | None,
-    limit: int,
+    granted: list[Lease],
 ) -> Lease:
-    """Acquire in the loop; a loss reaches ``on_lost`` from the grant on (no gap)."""
-    lease = Lease(bridge, await core.acquire(), generation, permit=limit > 0)
+    """Acquire in the loop; a loss reaches ``on_lost`` from the grant on (no gap). The
+    lease goes into ``granted`` in the same step as the grant returns here."""
+    lease = Lease(bridge, await core.acquire(), generation, permit=core.limit > 0)
+    granted.append(lease)
     if on_lost is not None:
         _watch_loss(lease, on_lost)
     return lease
 
 
-async def _give_back(lease: Lease) -> None:
-    """An acquire whose caller was interrupted after the grant: nobody has the lease."""
-    await lease._core.try_release()
+def abandon(lease: Lease) -> None:
+    """Give back, in the background, a lease the caller will never hold (an interrupt
+    came between its grant and the caller): it ends released, quietly (nobody dropped
+    it by mistake), and the lock goes back to the server."""
+    lease._bridge.thread.spawn(lambda: _end_unheld(lease._core))
+
+
+async def _end_unheld(core: AsyncLease) -> None:
+    core.end_released()  # (a no-op if it has ended meanwhile)
 
 
 def _watch_loss(lease: Lease, callback: LossCallback) -> None:

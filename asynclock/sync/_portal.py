@@ -24,6 +24,7 @@ import contextlib
 import enum
 import logging
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
@@ -49,45 +50,70 @@ class Interrupt(enum.Enum):
     WAIT = "wait"  # wait for its end (it is bounded), then raise: a close
 
 
-class _Call:
-    """One call waiting in another thread: the task, and a lock released when it ends."""
+# Python 3.12+ can run a task's first step at once, in the callback that creates it (no
+# loop iteration in between): 45 -> 29 µs per hop on a 2-core machine.
+_EAGER: dict[str, Any] = {"eager_start": True} if sys.version_info >= (3, 12) else {}
 
-    __slots__ = ("done", "error", "task")
+
+class _Call:
+    """One call waiting in another thread: its task, its outcome, and a lock released
+    when the outcome is known."""
+
+    __slots__ = ("done", "error", "failed", "released", "task", "value")
 
     def __init__(self) -> None:
         self.done = threading.Lock()
         self.done.acquire()
-        self.task: asyncio.Task[Any] | None = None
+        self.released = False
+        self.task: asyncio.Task[None] | None = None
+        self.value: Any = None
+        self.failed: BaseException | None = None  # what the call raised
         self.error: BaseException | None = None  # the call could not be started
 
     def begin(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> None:
         try:
-            task = loop.create_task(coro)
+            task = asyncio.Task(self.run(coro), loop=loop, **_EAGER)
         except BaseException as exc:  # the loop is closing: the caller hears of it
             coro.close()
             self.error = exc
-            self.done.release()
+            self.finished()
             return
         self.task = task
+        # A task cancelled before its first step never runs run()'s finally.
         task.add_done_callback(self.finished)
 
-    def finished(self, _: object) -> None:
-        self.done.release()
+    async def run(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """The call, which wakes its caller itself: one loop iteration sooner than a
+        done-callback would."""
+        try:
+            self.value = await coro
+        except BaseException as exc:  # handed to the caller's thread
+            self.failed = exc
+        finally:
+            self.finished()
+
+    def finished(self, _: object = None) -> None:
+        if not self.released:
+            self.released = True
+            self.done.release()
 
     def cancel(self) -> None:
         if self.task is not None:
             self.task.cancel("asynclock.sync: the calling thread was interrupted")
 
     def wait_uninterrupted(self) -> None:
-        """Wait for the end; interrupts meanwhile are kept for after (the first wins)."""
+        """Wait for the end; interrupts meanwhile are kept for after (the first wins).
+
+        By the ``released`` flag, not the lock: an interrupt raised right after an
+        ``acquire()`` that succeeded (the signal handler runs when it returns) leaves the
+        lock taken with nobody knowing, and a second ``acquire()`` would wait forever.
+        """
         pending: BaseException | None = None
-        while True:
+        while not self.released:
             try:
-                self.done.acquire()
+                self.done.acquire(timeout=0.05)
             except BaseException as exc:
                 pending = pending or exc
-                continue
-            break
         if pending is not None:
             raise pending
 
@@ -159,12 +185,12 @@ class LoopThread:
         function: Callable[..., Coroutine[Any, Any, T]],
         *args: Any,
         interrupt: Interrupt = Interrupt.CANCEL,
-        undo: Callable[[T], Coroutine[Any, Any, object]] | None = None,
     ) -> T:
         """Run ``function(*args)`` in the loop and wait for its result (or exception).
 
-        ``undo(result)`` runs in the background when the call was cancelled by an
-        interrupt but had already ended with a result that now reaches nobody (a lease).
+        A result that an interrupt keeps from the caller (a grant) is the caller's to
+        give back: a call that grants something hands it over in the loop, before it
+        returns (see ``asynclock.sync._lock``), where no interrupt can take it away.
         """
         loop = self._loop or self._start()
         if self._ident == threading.get_ident():
@@ -182,23 +208,25 @@ class LoopThread:
         try:
             call.done.acquire()
         except BaseException:
-            self._interrupted(loop, call, interrupt, undo)
+            self._interrupted(loop, call, interrupt)
             raise
         if call.error is not None:
             raise CoordinatorClosed("this Coordinator is closed") from call.error
-        task = call.task
-        assert task is not None
-        if task.cancelled():
-            raise CoordinatorClosed("this Coordinator was closed while the call ran")
-        result: T = task.result()
-        return result
+        failed = call.failed
+        if failed is None:
+            if call.task is not None and call.task.cancelled():
+                raise CoordinatorClosed("this Coordinator was closed while the call ran")
+            result: T = call.value
+            return result
+        if isinstance(failed, asyncio.CancelledError):  # by the close: nobody else cancels
+            raise CoordinatorClosed("this Coordinator was closed while the call ran") from None
+        raise failed
 
     def _interrupted(
         self,
         loop: asyncio.AbstractEventLoop,
         call: _Call,
         interrupt: Interrupt,
-        undo: Callable[[Any], Coroutine[Any, Any, object]] | None,
     ) -> None:
         """The waiting thread was interrupted: cancel the call and wait for its end, or
         leave it to finish in the loop."""
@@ -208,16 +236,6 @@ class LoopThread:
             except RuntimeError:  # closed: the close ended the call
                 return
             call.wait_uninterrupted()
-            task = call.task
-            if (
-                undo is not None
-                and task is not None
-                and not task.cancelled()
-                and task.exception() is None
-            ):
-                # Done before the cancel landed: the result (a lease) reached nobody.
-                result = task.result()
-                self.spawn(lambda: undo(result))
             return
         if interrupt is Interrupt.WAIT:
             call.wait_uninterrupted()
@@ -225,7 +243,7 @@ class LoopThread:
         loop.call_soon_threadsafe(self._keep, call)
 
     def _keep(self, call: _Call) -> None:
-        task = call.task
+        task: asyncio.Task[Any] | None = call.task
         if task is not None and not task.done():
             self._running.add(task)
             task.add_done_callback(self._running.discard)

@@ -1,0 +1,155 @@
+"""Exploring the blocking API's interrupts: a ``KeyboardInterrupt`` sent to the waiting
+thread at a random moment of ``with coord.lock(...)`` (while it waits, just after the
+grant, in the body, during the release) must never leave a lock held, never leave
+``coord.held`` disagreeing with the server, never drop a held lease to the garbage
+collector, and always surface as itself. A deliberately broken interrupt path (the
+waiting thread walks away from its acquire) must be caught by the same sweep.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+import pytest
+
+import asynclock
+import asynclock.sync
+from asynclock.sync import _portal
+
+pytestmark = [pytest.mark.explore, pytest.mark.timeout(300)]
+
+ROUNDS = 60
+
+
+@pytest.fixture
+def interrupts() -> Iterator[Callable[[float], threading.Timer]]:
+    """``arm(delay)``: a KeyboardInterrupt in the main thread ``delay`` seconds from now,
+    only while ``armed[0]`` is true (SIGUSR1: pytest-timeout owns SIGALRM)."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    armed = [False]
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def arm(delay: float) -> threading.Timer:
+        armed[0] = True
+        timer = threading.Timer(delay, signal.pthread_kill, (main, signal.SIGUSR1))
+        timer.start()
+        return timer
+
+    arm.armed = armed  # type: ignore[attr-defined]
+    yield arm
+    armed[0] = False
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def _sweep(
+    url: str, options: dict[str, Any], arm: Callable[[float], threading.Timer], seed: int
+) -> tuple[list[str], int]:
+    """Interrupt ``ROUNDS`` lock cycles at random moments: what went wrong, and how many
+    interrupts reached the caller."""
+    rng = random.Random(seed)
+    armed: list[bool] = arm.armed  # type: ignore[attr-defined]
+    problems: list[str] = []
+    with (
+        asynclock.sync.connect(url, **options) as coord,
+        asynclock.sync.connect(url, **options) as other,
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always", ResourceWarning)
+        interrupted = 0
+        for round_ in range(ROUNDS):
+            name = f"sweep{round_ % 3}"
+            holder = None
+            if rng.random() < 0.5:  # sometimes the acquire has to wait
+                holder = other.lock(name, ttl=10).acquire()
+                release = threading.Timer(rng.uniform(0, 0.01), holder.release)
+                release.start()
+            delay = rng.uniform(0, 0.012)
+            outcome: BaseException | None = None
+            timer: threading.Timer | None = None
+            try:
+                try:
+                    timer = arm(delay)  # inside: an interrupt may come at once
+                    with coord.lock(name, ttl=10, timeout=10):
+                        time.sleep(rng.choice((0, 0, 0.001, 0.004)))
+                finally:
+                    armed[0] = False
+            except KeyboardInterrupt:
+                interrupted += 1
+            except BaseException as exc:  # any other outcome is a finding
+                outcome = exc
+            if timer is not None:
+                timer.cancel()
+                timer.join()
+            if holder is not None:
+                release.join()
+            if outcome is not None:
+                problems.append(f"round {round_}: {outcome!r} instead of KeyboardInterrupt")
+            settle = time.monotonic() + 5
+            while time.monotonic() < settle and (coord.held or other.is_locked(name)):
+                time.sleep(0.005)
+            if coord.held:
+                problems.append(f"round {round_}: coord.held = {coord.held}")
+            if other.is_locked(name):
+                problems.append(f"round {round_}: {name} still locked on the server")
+        gc.collect()
+        dropped = [w for w in caught if "dropped while held" in str(w.message)]
+        problems.extend(f"a held lease was dropped: {w.message}" for w in dropped)
+    return problems, interrupted
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis", "postgres"])
+def test_interrupts_at_random_moments_leave_nothing_held(
+    kind: str,
+    request: pytest.FixtureRequest,
+    namespace: str,
+    interrupts: Callable[[float], threading.Timer],
+) -> None:
+    """However an interrupt lands in a lock cycle, nothing stays held and the interrupt
+    is what the caller sees."""
+    if kind == "memory":
+        url, options = f"memory://{namespace}", {}
+    elif kind == "redis":
+        url, options = request.getfixturevalue("asynclock_redis_url"), {"prefix": namespace}
+    else:
+        url = request.getfixturevalue("asynclock_postgres_dsn")
+        options = {"namespace": namespace}
+    problems, interrupted = _sweep(url, options, interrupts, seed=hash(kind) & 0xFFFF)
+    assert problems == []
+    assert interrupted > ROUNDS // 4, "the sweep hardly interrupted anything"
+
+
+def test_the_sweep_catches_a_waiter_that_walks_away(
+    asynclock_redis_url: str,
+    namespace: str,
+    interrupts: Callable[[float], threading.Timer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mutant: an interrupted acquire is left running instead of cancelled and undone;
+    its grant reaches nobody. The sweep must report it."""
+
+    def walk_away(self: Any, loop: Any, call: Any, interrupt: Any, undo: Any) -> None:
+        return None
+
+    monkeypatch.setattr(_portal.LoopThread, "_interrupted", walk_away)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        problems, _ = _sweep(asynclock_redis_url, {"prefix": namespace}, interrupts, seed=7)
+        gc.collect()
+    assert problems
