@@ -623,7 +623,11 @@ _ADDED = {
     ("Coordinator", "rwlock"): {"on_lost"},
 }
 _RENAMED = {"aclose": "close", "__aenter__": "__enter__", "__aexit__": "__exit__"}
-_ONLY_SYNC = {"Lease": {"check"}, "Term": {"check", "lost"}}
+_ONLY_SYNC = {
+    "Coordinator": {"aio", "call"},  # the async coordinator, and a hop into its loop
+    "Lease": {"check"},
+    "Term": {"check", "lost"},
+}
 # Engine-internal members of the async classes (the watchdog's and the lock's protocol).
 _INTERNAL = {
     "Lease": {
@@ -749,3 +753,14 @@ def test_the_blocking_module_names_its_classes() -> None:
         if inspect.isclass(obj) and not issubclass(obj, BaseException):
             assert obj.__module__ == "asynclock.sync", name
     assert Path(asynclock.sync.__file__).name == "__init__.py"
+
+
+def test_call_runs_the_async_api_on_the_loop_thread(make_sync: Callable[..., Any]) -> None:
+    """coord.call() reaches what has no blocking twin; its errors come through as is."""
+    coord: asynclock.sync.Coordinator = make_sync()
+    with coord.lock("c", ttl=5) as lease:
+        info = coord.call(coord.aio.inspect, "c")
+        assert info is not None
+        assert info.fence == lease.fence
+    with pytest.raises(TypeError, match="callback"):
+        coord.call(coord.aio.election("e").run, 0)

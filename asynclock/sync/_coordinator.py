@@ -7,7 +7,7 @@ import atexit
 import contextlib
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ParamSpec, Self, TypeVar
 
 from .._backoff import Backoff
@@ -234,6 +234,19 @@ class Coordinator:
         generation = bridge.generation
         held = bridge.call(_in_loop, lambda: bridge.core().held)
         return [Lease(bridge, lease, generation) for lease in held]
+
+    @property
+    def aio(self) -> AsyncCoordinator:
+        """The :class:`asynclock.Coordinator` this one drives (in this process). It lives
+        in the loop thread: use it there only, through :meth:`call`."""
+        return self._bridge.core()
+
+    def call(self, function: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+        """Run the coroutine function ``function(*args)`` on this coordinator's loop
+        thread and return its result (or raise its exception): for the async API where
+        the blocking one has no twin, ``coord.call(coord.aio.inspect, "jobs:42")``. An
+        interrupt of the calling thread cancels it."""
+        return self._bridge.call(function, *args)
 
     # -- lifecycle -------------------------------------------------------------------
 

@@ -9,7 +9,10 @@ the same servers and against floors taken in the same run:
 - contended hand-off with several waiters on one lock: throughput, hand-off latency and
   how often the lock went to another waiter;
 - many held leases on one coordinator: renewal CPU and memory per lease;
-- Redlock with one node stopped (only on nodes the suite started itself).
+- Redlock with one node stopped (only on nodes the suite started itself);
+- the blocking API (``asynclock.sync``) from threads, against redis-py's blocking client
+  (``SET NX PX`` + ``DEL``) and the blocking peers, the parts of its cycle (a hop into
+  its loop thread, the async core's cycle there), and hand-off between threads.
 """
 
 from __future__ import annotations

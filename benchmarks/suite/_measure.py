@@ -21,16 +21,24 @@ __all__ = (
     "Handoffs",
     "Op",
     "Summary",
+    "SyncBatch",
     "contend_async",
     "contend_threads",
     "describe_error",
     "run_rounds",
+    "run_rounds_sync",
     "summarize",
     "timed",
+    "timed_sync",
 )
 
 Op = Callable[[], Awaitable[object]]
 """One operation to time: an acquire + release, a round trip."""
+
+SyncBatch = Callable[[int, list[int]], None]
+"""The blocking cases' unit: ``batch(n, into)`` runs an operation ``n`` times and appends
+each duration (ns) to ``into`` (:func:`timed_sync` for a blocking call; a case timed
+inside an event loop thread appends what the loop measured)."""
 
 STRICT_HOLD = 0.001
 """Seconds a holder keeps the lock in strict mode (longer than a round trip)."""
@@ -80,6 +88,15 @@ async def timed(op: Op, n: int, into: list[int]) -> None:
         into.append(clock() - started)
 
 
+def timed_sync(op: Callable[[], object], n: int, into: list[int]) -> None:
+    """The blocking version of :func:`timed`."""
+    clock = time.perf_counter_ns
+    for _ in range(n):
+        started = clock()
+        op()
+        into.append(clock() - started)
+
+
 def round_bound(n: int, peer_bound: float) -> float:
     """How long a round of ``n`` operations may take before its case counts as stuck."""
     return peer_bound + n * _ROUND_ALLOWANCE_PER_OP
@@ -122,6 +139,54 @@ async def run_rounds(
             except Exception as exc:
                 failed[case] = describe_error(exc)
                 del live[case]
+        tick()
+    return {case: samples[case] for case in live if samples[case]}
+
+
+def run_rounds_sync(
+    cases: dict[str, SyncBatch],
+    *,
+    rounds: int,
+    per_round: int,
+    warmup: int,
+    peer_bound: float,
+    failed: dict[str, str],
+    tick: Callable[[], None],
+) -> dict[str, list[int]]:
+    """The blocking version of :func:`run_rounds`, for a worker thread.
+
+    A blocking call cannot be interrupted, so the bound is checked after each batch: the
+    cases' clients have socket timeouts and their locks a ``timeout``, so a stuck server
+    ends a case with an error, and a case merely slower than its bound is dropped after
+    that batch.
+    """
+    live = dict(cases)
+    samples: dict[str, list[int]] = {case: [] for case in cases}
+
+    def attempt(case: str, batch: SyncBatch, n: int, into: list[int]) -> None:
+        started = time.monotonic()
+        try:
+            batch(n, into)
+        except Exception as exc:
+            failed[case] = describe_error(exc)
+            del live[case]
+            return
+        took = time.monotonic() - started
+        if took > round_bound(n, peer_bound):
+            failed[case] = (
+                f"{n} operations took {took:.1f} s (bound {round_bound(n, peer_bound):.1f} s)"
+            )
+            del live[case]
+
+    for case, batch in list(live.items()):  # connections open, scripts loaded, caches warm
+        attempt(case, batch, warmup, [])
+    tick()
+    for i in range(rounds):
+        order = list(live.items())
+        if i % 2:
+            order.reverse()
+        for case, batch in order:
+            attempt(case, batch, per_round, samples[case])
         tick()
     return {case: samples[case] for case in live if samples[case]}
 

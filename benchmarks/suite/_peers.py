@@ -14,6 +14,18 @@
 Contended, every waiter gets its own client (its own connections), as a waiter in
 another process would; the waiters share nothing but the server.
 
+The blocking peers, for the rows of ``asynclock.sync`` (:func:`build_sync_peer`), are
+timed from a thread with redis-py's blocking client:
+
+- redis-py's ``redis.lock.Lock`` (``client.lock(name, timeout=, sleep=0.001)``): it
+  polls, sleeping ``sleep`` between tries (0.1 s by default; 1 ms here, the smallest
+  that is not a busy loop);
+- python-redis-lock (``redis_lock.Lock(conn, name, expire=)``): a waiter blocks in
+  ``BLPOP`` on a signal list that the release pushes to (it is woken, not polling);
+- pottery's ``Redlock(key=, masters={client}, auto_release_time=)`` on one node: it polls,
+  sleeping a random 0-0.2 s between tries (a class constant, no documented setting: left
+  as shipped), and runs each acquire and release in a thread pool.
+
 Peers are imported by name at run time (they are optional: the ``bench`` extra), so a
 missing or broken one becomes a reason in the report rather than an import error.
 """
@@ -29,10 +41,24 @@ from typing import Any
 
 from ._measure import AsyncHold, Op, SyncHold
 
-__all__ = ("PEER_LOGGERS", "Peer", "PeerUnavailable", "build_peer")
+__all__ = (
+    "PEER_LOGGERS",
+    "SYNC_PEERS",
+    "Peer",
+    "PeerUnavailable",
+    "SyncPeer",
+    "build_peer",
+    "build_sync_peer",
+    "peer_label",
+    "sync_peer_label",
+)
 
 BENCH_HINT = "pip install 'asynclock[bench]'"
 LEASE_SECONDS = 30
+#: redis-py's blocking ``Lock`` sleeps this long between tries (its default is 0.1 s).
+SYNC_POLL_SECONDS = 0.001
+#: The blocking peers, in the order of the report.
+SYNC_PEERS = ("redis-py", "python-redis-lock", "pottery")
 # Loggers of the peers: their error logs (a frozen node, a cancelled wait) would scribble
 # over the progress display; the outcome is in the report instead.
 PEER_LOGGERS = ("aioredis", "aioredlock", "pottery", "redis_lock")
@@ -241,3 +267,137 @@ def _aioredlock(urls: list[str], key: str) -> Peer:
         closers=[manager.destroy],
     )
     return peer
+
+
+# -- blocking peers (for asynclock.sync) --------------------------------------------------
+
+
+@dataclass
+class SyncPeer:
+    """A blocking peer on one node: ``op()`` times it, ``hold(i)`` sets thread ``i`` up
+    (its own client) for a contended run, ``nudge()`` wakes threads blocked in the
+    library's own wait, ``close()`` closes every client it opened."""
+
+    label: str
+    op: Callable[[], object]
+    hold: Callable[[int], SyncHold]
+    nudge: Callable[[], None]
+    clients: list[Any] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Close every client this peer opened; errors are ignored (the run is over)."""
+        for client in self.clients:
+            with contextlib.suppress(Exception):
+                client.connection_pool.disconnect()
+                client.close()
+
+
+def sync_peer_label(kind: str) -> str:
+    """The name a blocking peer has in the report."""
+    return {
+        "redis-py": f"redis-py Lock (sleep={SYNC_POLL_SECONDS:g})",
+        "python-redis-lock": "python-redis-lock",
+        "pottery": "pottery Redlock 1 node",
+    }[kind]
+
+
+def build_sync_peer(kind: str, url: str, key: str, *, bound: float) -> SyncPeer:
+    """Set up blocking peer ``kind`` (one of :data:`SYNC_PEERS`) on ``url`` with lock
+    name ``key``. Its uncontended client times out after ``bound`` seconds (no call of an
+    uncontended lock blocks); its waiters' clients do not when the peer waits in a
+    blocking command. Raises :class:`PeerUnavailable`."""
+    builders: dict[str, Callable[[], SyncPeer]] = {
+        "redis-py": lambda: _sync_redis_py(url, key, bound),
+        "python-redis-lock": lambda: _sync_python_redis_lock(url, key, bound),
+        "pottery": lambda: _sync_pottery(url, key, bound),
+    }
+    try:
+        return builders[kind]()
+    except PeerUnavailable:
+        raise
+    except Exception as exc:
+        raise PeerUnavailable(f"cannot be set up: {type(exc).__name__}: {exc}") from None
+
+
+def _sync_client(url: str, bound: float, *, blocking_waits: bool = False) -> Any:
+    sync_redis = _import("redis")
+    timeout = None if blocking_waits else bound
+    return sync_redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=bound)
+
+
+def _no_nudge() -> None:
+    """Polling waiters need no wake-up: they see the flag at their next try."""
+
+
+def _sync_redis_py(url: str, key: str, bound: float) -> SyncPeer:
+    quick = _sync_client(url, bound)
+    clients = [quick]
+
+    def op() -> None:
+        with quick.lock(key, timeout=LEASE_SECONDS, sleep=SYNC_POLL_SECONDS):
+            pass
+
+    def worker(_i: int) -> SyncHold:
+        own = _sync_client(url, bound)
+        clients.append(own)
+
+        def hold() -> AbstractContextManager[object]:
+            lock: AbstractContextManager[object] = own.lock(
+                key, timeout=LEASE_SECONDS, sleep=SYNC_POLL_SECONDS
+            )
+            return lock
+
+        return hold
+
+    return SyncPeer(sync_peer_label("redis-py"), op, worker, _no_nudge, clients)
+
+
+def _sync_python_redis_lock(url: str, key: str, bound: float) -> SyncPeer:
+    redis_lock = _import("redis_lock")
+    quick = _sync_client(url, bound)
+    clients = [quick]
+
+    def op() -> None:
+        with redis_lock.Lock(quick, key, expire=LEASE_SECONDS):
+            pass
+
+    def worker(_i: int) -> SyncHold:
+        own = _sync_client(url, bound, blocking_waits=True)  # waiters block in BLPOP
+        clients.append(own)
+
+        def hold() -> AbstractContextManager[object]:
+            lock: AbstractContextManager[object] = redis_lock.Lock(own, key, expire=LEASE_SECONDS)
+            return lock
+
+        return hold
+
+    def nudge() -> None:
+        # What a release sends: wakes one waiter blocked in BLPOP on the signal list.
+        quick.lpush(f"lock-signal:{key}", 1)
+
+    return SyncPeer(sync_peer_label("python-redis-lock"), op, worker, nudge, clients)
+
+
+def _sync_pottery(url: str, key: str, bound: float) -> SyncPeer:
+    pottery = _import("pottery")
+    quick = _sync_client(url, bound)
+    clients = [quick]
+    shared = pottery.Redlock(key=key, masters={quick}, auto_release_time=LEASE_SECONDS)
+
+    def op() -> None:
+        with shared:
+            pass
+
+    def worker(_i: int) -> SyncHold:
+        own_client = _sync_client(url, bound)
+        clients.append(own_client)
+        # The lock object keeps its holder's uuid: one per thread, reused as documented.
+        own = pottery.Redlock(key=key, masters={own_client}, auto_release_time=LEASE_SECONDS)
+
+        def hold() -> AbstractContextManager[object]:
+            lock: AbstractContextManager[object] = own
+            return lock
+
+        return hold
+
+    return SyncPeer(sync_peer_label("pottery"), op, worker, _no_nudge, clients)

@@ -2,7 +2,7 @@
 
 Targets are shown as PASS or MISS next to the numbers they concern; they are never
 asserted. With several runs, a row's numbers are the medians over the runs and its ratio
-is shown as median (min-max).
+(and p99 ratio, where a section has one) is shown as median (min-max).
 """
 
 from __future__ import annotations
@@ -51,9 +51,11 @@ def _median_rows(runs: list[dict[str, Any]]) -> list[Row]:
                 merged[key] = round(median, 4) if isinstance(median, float) else median
             else:
                 merged[key] = value
-        ratios = [r["ratio"] for r in group if _is_number(r.get("ratio"))]
-        merged["ratio_min"] = min(ratios) if ratios else None
-        merged["ratio_max"] = max(ratios) if ratios else None
+        for key in ("ratio", "p99_ratio"):
+            if key == "ratio" or key in group[0]:
+                ratios = [r[key] for r in group if _is_number(r.get(key))]
+                merged[f"{key}_min"] = min(ratios) if ratios else None
+                merged[f"{key}_max"] = max(ratios) if ratios else None
         merged["runs"] = len(group)
         rows.append(merged)
     return rows
@@ -185,6 +187,7 @@ def _targets(rows: dict[str, Row], plan: Plan) -> list[Target]:
         "uncontended/postgres/asynclock",
         ratio_at_most(1.3),
     )
+    _sync_targets(rows, s.sync_waiters, add, ratio_at_most(1.3))
     add(
         "lease_cpu",
         "Held leases: renewal CPU < 2 % of a core",
@@ -200,6 +203,64 @@ def _targets(rows: dict[str, Row], plan: Plan) -> list[Target]:
         lambda r: (r["bytes_per_lease"] < 2048, f"{r['bytes_per_lease']:,} B"),
     )
     return targets
+
+
+Check = Callable[[Row], tuple[bool, str] | None]
+
+
+def _sync_targets(
+    rows: dict[str, Row],
+    waiters: Iterable[int],
+    add: Callable[[str, str, str, str, Check], None],
+    within: Check,
+) -> None:
+    """The blocking API's targets: within 1.3x the blocking floor, ahead of every
+    blocking peer uncontended, and in hand-offs per second with threads."""
+    ours = "sync/redis/asynclock"
+    add(
+        "sync_uncontended",
+        "Sync acquire + release (with coord.lock) <= 1.3x the sync floor (SET NX PX + DEL)",
+        "<=1.3x",
+        ours,
+        within,
+    )
+
+    def ahead(row: Row) -> tuple[bool, str] | None:
+        peers = [r for r in rows.values() if r["section"] == "sync" and r["kind"] == "peer"]
+        if not peers:
+            return None
+        best = min(peers, key=lambda r: r["median_us"])
+        names = ", ".join(f"{p['label']} {p['median_us']:,.0f} us" for p in peers)
+        return row["median_us"] < best["median_us"], f"{row['median_us']:,.0f} us vs {names}"
+
+    add(
+        "sync_vs_peers",
+        "Sync acquire + release ahead of every sync peer (median)",
+        "ahead of peers",
+        ours,
+        ahead,
+    )
+    for w in waiters:
+
+        def ahead_contended(row: Row, w: int = w) -> tuple[bool, str] | None:
+            peers = [
+                r
+                for r in rows.values()
+                if r["section"] == "sync-strict" and r.get("waiters") == w and r["kind"] == "peer"
+            ]
+            if not peers:
+                return None
+            best = max(peers, key=lambda r: r.get("handoffs_per_s", 0))
+            mine, theirs = row.get("handoffs_per_s", 0), best.get("handoffs_per_s", 0)
+            return mine > theirs, f"{mine:,.0f}/s vs {theirs:,.0f}/s ({best['label']})"
+
+        add(
+            f"sync_handoff_throughput_{w}",
+            f"Sync strict hand-offs per second ahead of every sync peer ({w} threads)",
+            "ahead of peers",
+            f"sync-strict/redis/{w}/asynclock",
+            ahead_contended,
+        )
 
 
 def _merge_texts(runs: list[dict[str, Any]], key: str) -> dict[str, str]:
@@ -296,13 +357,13 @@ def _count(value: object) -> str:
     return f"{value:,.0f}"
 
 
-def _ratio(row: Row) -> str:
-    ratio = row.get("ratio")
+def _ratio(row: Row, key: str = "ratio") -> str:
+    ratio = row.get(key)
     if ratio is None:
         return ""
     text = _x(ratio)
-    if row.get("runs", 1) > 1 and row.get("ratio_min") is not None:
-        text += f" ({_x(row['ratio_min'])[:-1]}-{_x(row['ratio_max'])[:-1]})"
+    if row.get("runs", 1) > 1 and row.get(f"{key}_min") is not None:
+        text += f" ({_x(row[f'{key}_min'])[:-1]}-{_x(row[f'{key}_max'])[:-1]})"
     return text
 
 
@@ -476,6 +537,7 @@ def _sections(report: dict[str, Any]) -> list[Section]:
             )
         )
     sections += _primitive_sections(rows, settings)
+    sections += _sync_sections(rows, settings, targets)
     sections.append(
         Section(
             "Targets (reported, never asserted)",
@@ -586,6 +648,164 @@ def _primitive_sections(rows: list[Row], settings: dict[str, Any]) -> list[Secti
     return sections
 
 
+def _sync_sections(
+    rows: list[Row], settings: dict[str, Any], targets: list[Target]
+) -> list[Section]:
+    """The blocking API: uncontended against the blocking floor and peers, where its
+    cycle's time goes, and hand-off between threads."""
+    sections: list[Section] = []
+    by_id = {r["id"]: r for r in rows}
+    unc = [r for r in rows if r["section"] == "sync"]
+    if unc:
+        sections.append(
+            Section(
+                "Blocking API (asynclock.sync), uncontended acquire + release from a thread "
+                f"({settings['rounds']} rounds x {settings['per_round']} ops, alternating; "
+                "ratios of the median and of the p99 to the floor's: SET NX PX + DEL on "
+                "redis-py's blocking client, measured in the same rounds)",
+                ["case", "median us", "p99 us", "ops/s", "x floor", "p99 x floor", "target"],
+                [
+                    [
+                        f"{r['server']:8} {r['label']}",
+                        _us(r["median_us"]),
+                        _us(r["p99_us"]),
+                        _count(r["ops_per_s"]),
+                        _ratio(r),
+                        _ratio(r, "p99_ratio"),
+                        _marks(r, targets),
+                    ]
+                    for r in unc
+                ],
+                [_sync_peers_note([r["id"].rsplit("/", 1)[-1] for r in unc])],
+            )
+        )
+    parts = [r for r in rows if r["section"] == "sync-parts"]
+    whole = by_id.get("sync/redis/asynclock")
+    if parts:
+        shown = [*parts, whole] if whole else parts
+        sections.append(
+            Section(
+                "Where asynclock.sync's time goes (same rounds; each blocking call hops into "
+                "the coordinator's loop thread and back: acquire one hop, release another; "
+                "'in the loop thread' rows are timed there; ratios to the blocking floor)",
+                ["part", "median us", "p99 us", "x floor", "p99 x floor"],
+                [
+                    [
+                        r["label"] if r is not whole else f"whole cycle: {r['label']}",
+                        _us(r["median_us"]),
+                        _us(r["p99_us"]),
+                        _ratio(r),
+                        _ratio(r, "p99_ratio"),
+                    ]
+                    for r in shown
+                ],
+                _sync_breakdown(by_id),
+            )
+        )
+    con = [r for r in rows if r["section"] == "sync-strict"]
+    if con:
+        sections.append(
+            Section(
+                "Blocking API, contended strict hand-off: threads on one lock, each loops "
+                f"acquire, hold {STRICT_HOLD * 1000:g} ms, release, and a releaser waits until "
+                f"another thread got the lock ({settings['contended_seconds']:g} s per case; "
+                "each thread has its own client or coordinator, as in its own process, except "
+                "'one coordinator'; hand-off = release call to the next grant; ratio: hand-off "
+                "median over one blocking PING)",
+                [
+                    "case",
+                    "threads",
+                    "hand-offs/s",
+                    "hand-off med us",
+                    "p99 us",
+                    "x PING",
+                    "target",
+                ],
+                [
+                    [
+                        f"{r['server']:8} {r['label']}",
+                        str(r["waiters"]),
+                        _count(r.get("handoffs_per_s")),
+                        _us(r.get("handoff_median_us")),
+                        _us(r.get("handoff_p99_us")),
+                        _ratio(r),
+                        _marks(r, targets),
+                    ]
+                    for r in con
+                ],
+                _SYNC_CONTENDED_NOTES,
+            )
+        )
+    return sections
+
+
+_SYNC_PEER_USES = {
+    "redis-py": "redis-py's redis.lock.Lock (client.lock(name, timeout=30, sleep=0.001))",
+    "python-redis-lock": "python-redis-lock (redis_lock.Lock(client, name, expire=30))",
+    "pottery": (
+        "pottery Redlock(key=, masters={client}, auto_release_time=30), which runs each "
+        "acquire and release in a thread pool"
+    ),
+}
+
+
+def _sync_peers_note(cases: list[str]) -> str:
+    """How each blocking peer that ran was used."""
+    uses = [use for case, use in _SYNC_PEER_USES.items() if case in cases]
+    return f"Peers on redis-py's blocking client: {'; '.join(uses)}." if uses else ""
+
+
+_SYNC_CONTENDED_NOTES = [
+    "Waiting: asynclock.sync waiters are woken when the lock is released (its waiter queue); "
+    "python-redis-lock waiters block in BLPOP on the signal its release pushes; redis-py's "
+    "Lock polls, here sleeping 1 ms between tries (its default is 0.1 s); pottery's Redlock "
+    "polls, sleeping a random 0-0.2 s (a class constant with no documented setting: left as "
+    "shipped).",
+    "Floor: one PING round trip on the blocking client (sync/redis/ping). A hand-off needs at "
+    "least two (the release, then the next holder's grant), so about 2x is the floor of a lock "
+    "that tells its waiters. The raw loop sends the floor's SET NX PX again at once, no sleep, "
+    "and DEL to release: what busy polling gets, at the cost of every waiter spinning on the "
+    "server.",
+]
+
+
+def _sync_breakdown(by_id: dict[str, Row]) -> list[str]:
+    """The cycle as hops + the async core's cycle + the rest, from measured medians."""
+    ids = ("sync/redis/floor", "sync/redis/asynclock", "sync-parts/redis/hop")
+    floor, whole, hop = (by_id.get(i) for i in ids)
+    in_loop = by_id.get("sync-parts/redis/async-lock")
+    if not (floor and whole and hop and in_loop):
+        return []
+    f, w, h, a = (r["median_us"] for r in (floor, whole, hop, in_loop))
+    notes = [
+        f"Medians: with coord.lock() {w:,.0f} us = 2 empty hops ({2 * h:,.0f} us) + the "
+        f"async core's cycle in the loop thread ({a:,.0f} us) + {w - 2 * h - a:,.0f} us "
+        "not in either."
+    ]
+    around = by_id.get("sync-parts/redis/hop-around-lock")
+    if around:
+        o = around["median_us"]
+        notes.append(
+            f"One hop around the async cycle takes {o:,.0f} us: a hop that waits for the "
+            f"loop thread's I/O costs {o - a:,.0f} us, an empty one {h:,.0f} us; the second "
+            f"hop and the blocking wrappers (Lock, Lease, with) make the other "
+            f"{w - o:,.0f} us."
+        )
+    notes.append(
+        f"The 1.3x target allows {1.3 * f:,.0f} us; the async core's cycle alone takes "
+        f"{a:,.0f} us ({a / f:.2f}x the blocking floor)."
+    )
+    async_floor = by_id.get("sync-parts/redis/async-floor")
+    if async_floor:
+        af = async_floor["median_us"]
+        notes.append(
+            f"redis.asyncio's own SET NX PX + DEL in that loop takes {af:,.0f} us "
+            f"({af / f:.2f}x): two round trips through an event loop cost more than two "
+            "blocking ones from a thread."
+        )
+    return notes
+
+
 def _header(report: dict[str, Any]) -> str:
     m = report["machine"]
     servers = report["servers"]
@@ -691,7 +911,11 @@ def draw_chart(report: dict[str, Any], path: str | Path) -> str | None:
         ),
         (
             "Strict hand-off: release call to the next grant, median (bar) and p99 (tick), us",
-            [r for r in rows if r["section"] == "strict" and r.get("handoff_median_us")],
+            [
+                r
+                for r in rows
+                if r["section"] in ("strict", "sync-strict") and r.get("handoff_median_us")
+            ],
             "handoff_median_us",
             "handoff_p99_us",
         ),
@@ -701,6 +925,13 @@ def draw_chart(report: dict[str, Any], path: str | Path) -> str | None:
             [r for r in rows if r["section"] == "free" and r.get("handoffs_per_s")],
             "handoffs_per_s",
             None,
+        ),
+        (
+            "Blocking API from a thread (asynclock.sync, blocking floor and peers), and the "
+            "parts of asynclock.sync's cycle: median (bar) and p99 (tick), us",
+            [r for r in rows if r["section"] in ("sync", "sync-parts")],
+            "median_us",
+            "p99_us",
         ),
     ]
     panels = [p for p in panels if p[1]]
@@ -719,7 +950,8 @@ def draw_chart(report: dict[str, Any], path: str | Path) -> str | None:
             waiters = f", {w} waiter{'s' if w != 1 else ''}" if w else ""
             share = r.get("different_holder_share") if r["section"] == "free" else None
             fair = f" ({100 * share:.0f} % to another)" if share is not None else ""
-            labels.append(f"{r['server']}: {r['label']}{waiters}{fair}")
+            blocking = "sync " if r["section"].startswith("sync") else ""
+            labels.append(f"{blocking}{r['server']}: {r['label']}{waiters}{fair}")
         values = [max(float(r[key]), 1e-3) for r in panel_rows]
         positions = list(range(len(panel_rows)))
         ax.barh(positions, values, color=[colours.get(r["kind"], "#888") for r in panel_rows])

@@ -6,14 +6,17 @@ count and mode (``strict``: every acquisition goes to another waiter; ``free``: 
 releaser contends again at once), held leases (renewal CPU and memory), and last,
 because it leaves peers' clients in a sorry state, Redlock with one node frozen.
 ``primitives`` measures semaphores, read-write locks and fair locks against the plain
-lock on the same backend, uncontended and with waiters.
+lock on the same backend, uncontended and with waiters. ``sync`` measures the blocking
+API (``asynclock.sync``) from threads against redis-py's blocking client and the blocking
+peers, with a breakdown of where its time goes, and (full runs) hand-off between threads.
 
 Every row a run produces is a dict with ``id``, ``section`` (``uncontended``,
-``strict``, ``free``, ``leases``, ``frozen``, ``primitives``, ``primitives-contended``),
-``server``, ``label``, ``kind``
+``strict``, ``free``, ``leases``, ``frozen``, ``primitives``, ``primitives-contended``,
+``sync``, ``sync-parts``, ``sync-strict``), ``server``, ``label``, ``kind``
 (``floor``, ``reference``, ``asynclock`` or ``peer``), ``floor`` (the id of the row it is
 compared to, measured in the same run) and its metrics; ``ratio`` is the row's headline
-latency over its floor's.
+latency over its floor's (and, in the ``sync`` sections, ``p99_ratio`` its p99 over the
+floor's p99).
 """
 
 from __future__ import annotations
@@ -42,12 +45,25 @@ from ._measure import (
     run_rounds,
     summarize,
 )
-from ._peers import PEER_LOGGERS, Peer, PeerUnavailable, build_peer, peer_label
+from ._peers import (
+    PEER_LOGGERS,
+    SYNC_PEERS,
+    Peer,
+    PeerUnavailable,
+    build_peer,
+    peer_label,
+)
 from ._progress import Progress
+from ._sync import CONTENDED_IMPLS as SYNC_CONTENDED_IMPLS
+from ._sync import contended as sync_contended
+from ._sync import contended_kind as sync_contended_kind
+from ._sync import contended_label as sync_contended_label
+from ._sync import unavailable_key as sync_unavailable_key
+from ._sync import uncontended as sync_uncontended
 
 __all__ = ("FULL", "QUICK", "SECTIONS", "Plan", "Settings", "run_suite")
 
-SECTIONS = ("uncontended", "contended", "leases", "frozen", "primitives")
+SECTIONS = ("uncontended", "contended", "leases", "frozen", "primitives", "sync")
 #: Waiters on one lock in the contended primitives cases (fair against plain).
 PRIMITIVE_WAITERS = 8
 #: The uncontended primitives cases: id suffix, label, the claim kind they need.
@@ -58,6 +74,8 @@ PRIMITIVE_CASES = (
     ("fair", "lock fair=True", Kind.FAIR),
 )
 _PRIMITIVE_SERVERS = {"memory": "memory", "redis": "Redis", "postgres": "PostgreSQL"}
+#: Sections whose rows also get ``p99_ratio``: their p99 over their floor's.
+_P99_RATIO_SECTIONS = frozenset({"sync", "sync-parts"})
 Row = dict[str, Any]
 
 
@@ -78,6 +96,8 @@ class Settings:
     lease_periods: float = 2.0
     peer_bound: float = 2.0
     node_timeout: float = 0.05
+    #: Threads on one lock in the blocking API's contended cases (none: not run).
+    sync_waiters: tuple[int, ...] = (8,)
 
 
 FULL = Settings()
@@ -93,6 +113,7 @@ QUICK = Settings(
     leases=1_000,
     lease_ttl=3.0,
     peer_bound=1.0,
+    sync_waiters=(),
 )
 
 
@@ -207,6 +228,23 @@ class Suite:
             phases.append(Phase("Redlock, one node frozen", 1, self._frozen))
         if "primitives" in wanted:
             phases += self._primitive_phases()
+        if "sync" in wanted and srv.redis:
+            phases += self._sync_phases()
+        return phases
+
+    def _sync_phases(self) -> list[Phase]:
+        phases = [Phase("sync: Redis, blocking API", 1 + self.s.rounds, self._sync)]
+        for waiters in self.s.sync_waiters:
+            for impl in SYNC_CONTENDED_IMPLS:
+                if impl in SYNC_PEERS and not self.plan.peers:
+                    continue
+                phases.append(
+                    Phase(
+                        f"sync contended (strict): {sync_contended_label(impl)}, {waiters} threads",
+                        1,
+                        self._sync_contended(impl, waiters),
+                    )
+                )
         return phases
 
     def _primitive_phases(self) -> list[Phase]:
@@ -757,6 +795,93 @@ class Suite:
 
         return run
 
+    async def _sync(self, record: RunRecord, tick: Tick) -> None:
+        """The blocking API from a thread: floors, asynclock.sync, the blocking peers and
+        the parts of asynclock.sync's cycle, in alternating rounds (see ``_sync``)."""
+        url = self.servers.redis
+        assert url is not None
+        s = self.s
+        loop = asyncio.get_running_loop()
+
+        def tick_from_thread() -> None:
+            loop.call_soon_threadsafe(tick)
+
+        cases = await asyncio.to_thread(
+            sync_uncontended,
+            url,
+            rounds=s.rounds,
+            per_round=s.per_round,
+            warmup=s.warmup,
+            bound=s.peer_bound,
+            peers=self.plan.peers,
+            unavailable=record.unavailable,
+            tick=tick_from_thread,
+        )
+        for cid, case in cases.items():
+            summary = summarize(case.samples)
+            record.rows.append(
+                _row(
+                    cid,
+                    section=case.section,
+                    server="redis",
+                    label=case.label,
+                    kind=case.kind,
+                    floor=case.floor,
+                    value_key="median_us",
+                    ops=summary.ops,
+                    median_us=summary.median_us,
+                    p99_us=summary.p99_us,
+                    mean_us=summary.mean_us,
+                    ops_per_s=summary.ops_per_s,
+                )
+            )
+
+    def _sync_contended(
+        self, impl: str, waiters: int
+    ) -> Callable[[RunRecord, Tick], Awaitable[None]]:
+        """``waiters`` threads on one lock with ``impl``, strict hand-off; the ratio is
+        the hand-off median over one blocking ``PING`` (``sync/redis/ping``)."""
+
+        async def run(record: RunRecord, tick: Tick) -> None:
+            s = self.s
+            url = self.servers.redis
+            assert url is not None
+            label = sync_contended_label(impl)
+            state = await asyncio.to_thread(
+                sync_contended,
+                url,
+                impl,
+                waiters=waiters,
+                warmup=s.contended_warmup,
+                seconds=s.contended_seconds,
+                bound=1.0,
+                unavailable=record.unavailable,
+            )
+            if state is None:
+                return
+            if state.errors and not state.acquisitions:
+                record.unavailable[sync_unavailable_key(f"{label}, {waiters} threads")] = (
+                    state.errors[0]
+                )
+                return
+            record.rows.append(
+                _row(
+                    f"sync-strict/redis/{waiters}/{impl}",
+                    section="sync-strict",
+                    server="redis",
+                    label=label,
+                    kind=sync_contended_kind(impl),
+                    floor="sync/redis/ping",
+                    value_key="handoff_median_us",
+                    waiters=waiters,
+                    threads=True,
+                    **state.result(),
+                )
+            )
+            tick()
+
+        return run
+
     def _primitive_target(self, server: str) -> tuple[str, dict[str, Any]]:
         """A fresh lock namespace on ``server``: the URL and ``connect()`` options."""
         if server == "memory":
@@ -1096,6 +1221,10 @@ def _ratios(rows: list[Row]) -> None:
         value = row.get(row["value_key"]) if row["value_key"] else None
         base = floor.get(floor["value_key"]) if floor and floor["value_key"] else None
         row["ratio"] = round(value / base, 3) if value and base else None
+        if row["section"] in _P99_RATIO_SECTIONS:
+            p99 = row.get("p99_us")
+            base_p99 = floor.get("p99_us") if floor else None
+            row["p99_ratio"] = round(p99 / base_p99, 3) if p99 and base_p99 else None
 
 
 async def run_suite(plan: Plan, progress: Progress) -> list[dict[str, Any]]:

@@ -40,8 +40,11 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     bench.description = (
         "Measure uncontended acquire + release (memory, Redis, Redlock, PostgreSQL), "
         "contended hand-off (8 and 64 waiters), held-lease renewal cost, Redlock "
-        "with a frozen node, and the primitives (semaphore, read-write lock, fair "
-        "lock against the plain lock), against raw floors and peer libraries measured "
+        "with a frozen node, the primitives (semaphore, read-write lock, fair "
+        "lock against the plain lock) and the blocking API (asynclock.sync from threads, "
+        "against redis-py's blocking client and the blocking peers, with where its time "
+        "goes, and hand-off between 8 threads: '--only sync'), against raw floors and "
+        "peer libraries measured "
         "in the same run. With no URL, starts embedded Valkey (5 nodes) and PostgreSQL "
         "(pip install 'asynclock[embedded]'; peers and the chart: 'asynclock[bench]') "
         "and stops them at the end. With URLs, runs what those servers allow (nothing "
