@@ -6,7 +6,7 @@ the calling threads do their work.
 
 Why not ``anyio.from_thread.BlockingPortal``: its ``call()`` runs each coroutine in a
 task group under a cancel scope, and costs 176 µs per empty call on a 2-core machine,
-against 49 µs for a task and a ``threading.Lock`` here (``benchmarks``' sync rows): a lock
+against 39–46 µs for a task and a ``threading.Lock`` here (``asynclock bench --only sync``): a lock
 and its release are two calls. What the portal gives beyond that (other async backends,
 its own lifecycle) the coordinator does not use.
 
