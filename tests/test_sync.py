@@ -764,3 +764,92 @@ def test_call_runs_the_async_api_on_the_loop_thread(make_sync: Callable[..., Any
         assert info.fence == lease.fence
     with pytest.raises(TypeError, match="callback"):
         coord.call(coord.aio.election("e").run, 0)
+
+
+def _loop_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("asynclock-loop")]
+
+
+def test_a_second_close_waits_for_the_first(
+    make_sync: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() from two threads at once: the second returns once the first has closed
+    everything (the async twin's later aclose() waits for the first)."""
+    coord: asynclock.sync.Coordinator = make_sync()
+    lease = coord.lock("slow", ttl=10).acquire()
+    core = coord.aio
+    original = core.aclose
+
+    async def slow_aclose() -> None:
+        import asyncio  # noqa: PLC0415 - the loop thread's clock
+
+        await asyncio.sleep(0.5)
+        await original()
+
+    monkeypatch.setattr(core, "aclose", slow_aclose)
+    before = set(_loop_threads())
+    first = threading.Thread(target=coord.close)
+    first.start()
+    time.sleep(0.1)
+    coord.close()
+    assert not lease.held
+    assert not (set(_loop_threads()) & before)
+    first.join(10)
+
+
+def test_close_from_a_loss_callback(make_sync: Callable[..., Any]) -> None:
+    """A loss callback may close the coordinator: the close neither waits for the
+    callback's own thread nor leaves the loop thread behind."""
+    coord: asynclock.sync.Coordinator = make_sync()
+    closed = threading.Event()
+    took: list[float] = []
+
+    def close(_: asynclock.sync.Lease) -> None:
+        began = time.monotonic()
+        coord.close()
+        took.append(time.monotonic() - began)
+        closed.set()
+
+    lease = coord.lock("cb", ttl=0.3, renew=False, on_lost=close).acquire()
+    assert closed.wait(10)
+    assert took[0] < 5
+    assert coord.closed
+    assert wait_until(lambda: not any(t.is_alive() for t in _loop_threads()), 5)
+    assert lease.lost
+
+
+@pytest.mark.filterwarnings("ignore:This process .* fork:DeprecationWarning")
+@pytest.mark.parametrize("target", ["redis"], indirect=True)
+def test_elections_and_blocks_across_a_fork(make_sync: Callable[..., Any]) -> None:
+    """Objects made before a fork work in the child: a Leadership leads and resigns on
+    the child's connections; a Lock whose block the parent's thread was inside when it
+    forked is, for the child, a lock someone else holds."""
+    coord: asynclock.sync.Coordinator = make_sync()
+    leadership = coord.election("forked", ttl=5).leadership()
+    lock = coord.lock("inside", ttl=10, timeout=0.2)
+    with lock:  # the parent uses the coordinator (loop thread, connections) and forks
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                signal.alarm(60)
+                with leadership as term:
+                    assert not term.lost
+                    assert coord.election("forked").leader() == coord.identity
+                assert coord.election("forked").leader() is None
+                # The parent's block is not the child's: the child waits for the lock
+                # as anyone else (it is the parent's), not "already held by this thread".
+                with pytest.raises(asynclock.LockTimeout), lock:
+                    pass
+                coord.close()
+                status = 0
+            except BaseException:
+                import traceback  # noqa: PLC0415 - the child's report
+
+                traceback.print_exc()
+            finally:
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    with leadership as term:  # and the parent's objects still work in the parent
+        assert term.fence > 0

@@ -9,6 +9,8 @@ waiting thread walks away from its acquire) must be caught by the same sweep.
 from __future__ import annotations
 
 import gc
+import logging
+import os
 import random
 import signal
 import threading
@@ -32,7 +34,9 @@ ROUNDS = 60
 @pytest.fixture
 def interrupts() -> Iterator[Callable[[float], threading.Timer]]:
     """``arm(delay)``: a KeyboardInterrupt in the main thread ``delay`` seconds from now,
-    only while ``armed[0]`` is true (SIGUSR1: pytest-timeout owns SIGALRM)."""
+    only while ``armed[0]`` is true (SIGUSR1: pytest-timeout owns SIGALRM). Sent to the
+    process, as Ctrl-C is: another thread may take it, and the main thread then runs the
+    handler at its next chance (after a lock it waited for was already taken, say)."""
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach the main thread only")
     armed = [False]
@@ -43,12 +47,10 @@ def interrupts() -> Iterator[Callable[[float], threading.Timer]]:
             raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGUSR1, handler)
-    main = threading.main_thread().ident
-    assert main is not None
 
     def arm(delay: float) -> threading.Timer:
         armed[0] = True
-        timer = threading.Timer(delay, signal.pthread_kill, (main, signal.SIGUSR1))
+        timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGUSR1))
         timer.start()
         return timer
 
@@ -66,6 +68,15 @@ def _sweep(
     rng = random.Random(seed)
     armed: list[bool] = arm.armed  # type: ignore[attr-defined]
     problems: list[str] = []
+    dropped_logs: list[str] = []
+
+    class Dropped(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "dropped without release" in record.getMessage():
+                dropped_logs.append(record.getMessage())
+
+    handler = Dropped()
+    logging.getLogger("asynclock").addHandler(handler)
     with (
         asynclock.sync.connect(url, **options) as coord,
         asynclock.sync.connect(url, **options) as other,
@@ -111,6 +122,9 @@ def _sweep(
         gc.collect()
         dropped = [w for w in caught if "dropped while held" in str(w.message)]
         problems.extend(f"a held lease was dropped: {w.message}" for w in dropped)
+    gc.collect()
+    logging.getLogger("asynclock").removeHandler(handler)
+    problems.extend(f"logged: {message}" for message in dropped_logs)
     return problems, interrupted
 
 
@@ -153,3 +167,45 @@ def test_the_sweep_catches_a_waiter_that_walks_away(
         problems, _ = _sweep(asynclock_redis_url, {"prefix": namespace}, interrupts, seed=7)
         gc.collect()
     assert problems
+
+
+def test_an_interrupted_close_still_closes(
+    asynclock_redis_url: str, namespace: str, interrupts: Callable[[float], threading.Timer]
+) -> None:
+    """An interrupt at a random moment of close(), called from inside the caller's own
+    block: the coordinator ends closed, its loop thread gone, nothing held."""
+    armed: list[bool] = interrupts.armed  # type: ignore[attr-defined]
+    rng = random.Random(11)
+    watcher = asynclock.sync.connect(asynclock_redis_url, prefix=namespace)
+    try:
+        for round_ in range(30):
+            coord = asynclock.sync.connect(asynclock_redis_url, prefix=namespace)
+            timer: threading.Timer | None = None
+            try:
+                try:
+                    with coord.lock("own", ttl=10):
+                        timer = interrupts(rng.uniform(0, 0.004))
+                        coord.close()
+                finally:
+                    armed[0] = False
+            except KeyboardInterrupt:
+                pass
+            if timer is not None:
+                timer.cancel()
+                timer.join()
+            assert coord.closed, round_
+            assert wait_until_quiet(), round_
+            assert not watcher.is_locked("own"), round_
+    finally:
+        watcher.close()
+
+
+def wait_until_quiet(within: float = 10.0) -> bool:
+    """True once no loop thread but the watcher's is alive."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        loops = [t for t in threading.enumerate() if t.name.startswith("asynclock-loop")]
+        if len(loops) <= 1:
+            return True
+        time.sleep(0.01)
+    return False

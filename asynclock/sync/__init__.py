@@ -16,7 +16,7 @@ are renewed there while the calling threads work.
 **A lost lease does not stop its block.** A thread cannot be cancelled. When a lease is
 lost (a renewal was refused, or its validity ran out), ``lease.lost`` turns true,
 ``lease.check()`` raises :class:`~asynclock.LockLost`, the lock's ``on_lost`` callback
-runs in a worker thread, and leaving the ``with`` block raises ``LockLost``. Long work
+runs in a thread of its own, and leaving the ``with`` block raises ``LockLost``. Long work
 calls ``lease.check()`` between its steps, and passes ``lease.fence`` to what it writes:
 the fence is what stops a late writer.
 """

@@ -4,6 +4,7 @@ async :class:`~asynclock.Coordinator` that runs there, and how to make a fresh o
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
@@ -17,6 +18,8 @@ from ._portal import Interrupt, LoopThread
 __all__ = ("Bridge", "Interrupt")
 
 T = TypeVar("T")
+
+logger = logging.getLogger("asynclock")
 
 
 class Bridge:
@@ -35,6 +38,7 @@ class Bridge:
         self.generation = 0
         self.pid = os.getpid()
         self.closed = False
+        self._close_ended = threading.Event()
         self.identity = core.identity  # as first made (a repr must not reconnect)
         self.thread = LoopThread(f"asynclock-loop {core.identity}")
         _bridges.add(self)
@@ -80,18 +84,58 @@ class Bridge:
                 "process; make it again in the child"
             )
 
-    def close(self) -> None:
-        """Close the async coordinator (in the loop), then stop the loop thread."""
+    def close(self, own: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
+        """Close the async coordinator (in the loop; after ``own()``, which ends the
+        caller's own leases), then stop the loop thread. A second call waits for the
+        first one's close to end.
+
+        The close runs in a thread of its own and this one waits for it: Python runs
+        signal handlers in the main thread only, so an interrupt (Ctrl-C) can stop the
+        waiting, never the close half-way. The waiting goes on until the close has
+        ended (it is bounded), then the interrupt is raised.
+        """
+        if self.thread.in_loop_thread():
+            raise RuntimeError(
+                "the coordinator cannot be closed from its own loop thread (a callback "
+                "running there): the close would wait for itself"
+            )
         with self._mutex:
-            if self.closed:
-                return
+            first = not self.closed
             self.closed = True
             core = self._core
+        if first:
+            closer = threading.Thread(
+                target=self._close, args=(core, own), name="asynclock-close", daemon=True
+            )
+        pending: BaseException | None = None
+        while not self._close_ended.is_set():
+            try:
+                if first:
+                    first = False
+                    closer.start()
+                self._close_ended.wait(0.05)
+            except BaseException as exc:
+                pending = pending or exc
+        if pending is not None:
+            raise pending
+
+    def _close(
+        self,
+        core: AsyncCoordinator | None,
+        own: Callable[[], Coroutine[Any, Any, None]] | None,
+    ) -> None:
         try:
             if core is not None and self.thread.loop is not None:
+                if own is not None:
+                    self.thread.call(own, interrupt=Interrupt.WAIT)
                 self.thread.call(core.aclose, interrupt=Interrupt.WAIT)
+        except Exception:
+            logger.exception("asynclock.sync: closing the coordinator failed")
         finally:
-            self.thread.stop()
+            try:
+                self.thread.stop()
+            finally:
+                self._close_ended.set()
 
     def forked(self) -> None:
         """In a forked child: the parent's coordinator stays untouched (its sockets are
@@ -99,6 +143,7 @@ class Bridge:
         _abandoned.append(self._core)
         self._core = None
         self._mutex = threading.Lock()
+        self._close_ended = threading.Event()
         self.generation += 1
 
 

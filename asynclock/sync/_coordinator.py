@@ -13,14 +13,13 @@ from typing import Any, ParamSpec, Self, TypeVar
 from .._backoff import Backoff
 from .._coordinator import Coordinator as AsyncCoordinator
 from .._coordinator import connect as async_connect
-from .._lease import Lease as AsyncLease
 from .._lock import Lock as AsyncLock
 from .._lock import ReadWriteLock as AsyncReadWriteLock
 from .._stats import CoordinatorStats
 from .._types import ExcType, ExcValue, Traceback
 from ..backends.base import Backend, LockInfo
 from . import _decorators
-from ._bridge import Bridge, Interrupt
+from ._bridge import Bridge
 from ._election import Election
 from ._lock import Lease, Lock, LossCallback, ReadWriteLock, entered_by
 
@@ -93,7 +92,7 @@ class Coordinator:
         """A lock on ``name``; use ``with coord.lock(name) as lease:``.
 
         The arguments are :meth:`asynclock.Coordinator.lock`'s, plus ``on_lost``: a
-        function called with the lease, in a worker thread, if the lease is lost. A thread
+        function called with the lease, in a thread of its own, if the lease is lost. A thread
         cannot be cancelled, so ``cancel_on_lost`` changes nothing here (it is accepted
         so that code moves between the two APIs unchanged): a lost lease's block runs on,
         ``lease.lost`` turns true, ``lease.check()`` raises, and leaving the block raises
@@ -262,12 +261,13 @@ class Coordinator:
         """
         bridge = self._bridge
         _open.discard(self)
-        if bridge.closed:
-            return
         own = entered_by(threading.get_ident(), bridge)
-        if own and bridge.thread.loop is not None:
-            bridge.call(_end_released, own, interrupt=Interrupt.FINISH)
-        bridge.close()
+
+        async def end_own() -> None:
+            for lease in own:
+                lease.end_released()  # its block is the caller: nothing to cancel
+
+        bridge.close(end_own if own else None)
 
     def __enter__(self) -> Self:
         if self._bridge.closed:
@@ -289,11 +289,6 @@ async def _in_loop(function: Callable[[], T]) -> T:
     """``function()`` in the loop thread: what reads the engine's state, which only that
     thread changes."""
     return function()
-
-
-async def _end_released(leases: list[AsyncLease]) -> None:
-    for lease in leases:
-        lease.end_released()
 
 
 def _check_on_lost(on_lost: object) -> None:

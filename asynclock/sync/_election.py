@@ -81,8 +81,11 @@ class Election:
         ``term.lost`` turns true, ``term.check()`` raises, and the block then raises
         :class:`~asynclock.LeadershipLost`. Leaving the block resigns.
         """
-        generation, core = self._current()
-        return Leadership(self._bridge, core.leadership(), generation)
+
+        def make() -> AsyncLeadership:
+            return self._current()[1].leadership()  # (after a fork: the child's election)
+
+        return Leadership(self._bridge, make)
 
     def leader(self) -> str | None:
         """The identity of the current leader, or None."""
@@ -92,6 +95,7 @@ class Election:
         """The current leader (None when there is none), then each change, in order.
         Close the iterator (or leave the ``for`` loop) to stop observing."""
         bridge = self._bridge
+        generation = bridge.generation
         changes = cast(AsyncGenerator[str | None, None], self._current()[1].observe())
 
         async def step() -> str | None:
@@ -99,14 +103,20 @@ class Election:
 
         try:
             while True:
+                bridge.check_generation(generation, "this observe() iterator")
                 try:
                     leader = bridge.call(step)
                 except StopAsyncIteration:
                     return
                 yield leader
         finally:
-            if not bridge.closed:
-                bridge.call(changes.aclose, interrupt=Interrupt.FINISH)
+            # (Not in a child of a fork: the generator is the parent's. Not from the loop
+            # thread, where a collection may drop the iterator: ask the loop to close it.)
+            if not bridge.closed and generation == bridge.generation:
+                if bridge.thread.in_loop_thread():
+                    bridge.thread.spawn(changes.aclose)
+                else:
+                    bridge.call(changes.aclose, interrupt=Interrupt.FINISH)
 
     def run(self, callback: Callable[[Term], object]) -> NoReturn:
         """Campaign forever: lead, call ``callback(term)`` while leading, campaign again.
@@ -167,30 +177,45 @@ class Leadership:
     leads and gives the :class:`Term`; leaving the block resigns (and raises
     :class:`~asynclock.LeadershipLost` if the term was lost inside it)."""
 
-    __slots__ = ("_bridge", "_core", "_generation", "_terms")
+    __slots__ = ("_bridge", "_core", "_make", "_terms")
 
-    def __init__(self, bridge: Bridge, core: AsyncLeadership, generation: int) -> None:
+    def __init__(self, bridge: Bridge, make: Callable[[], AsyncLeadership]) -> None:
         self._bridge = bridge
-        self._core = core
-        self._generation = generation
-        self._terms: dict[int, tuple[Term, AsyncTerm]] = {}
+        self._make = make
+        self._core = (bridge.generation, make())
+        # The term of each thread inside ``with``, with its generation.
+        self._terms: dict[int, tuple[Term, AsyncTerm, AsyncLeadership, int]] = {}
+
+    def _current(self) -> tuple[int, AsyncLeadership]:
+        generation, core = self._core
+        if generation != self._bridge.generation:  # forked: the parent's
+            generation = self._bridge.generation
+            self._core = generation, (core := self._make())
+        return generation, core
 
     def __enter__(self) -> Term:
         ident = threading.get_ident()
+        entered = self._terms.get(ident)
+        if (
+            entered is not None
+            and entered[0].lease.lost
+            and self._core[0] != (self._bridge.generation)
+        ):
+            del self._terms[ident]  # forked inside this thread's block: the parent's
         if ident in self._terms:
             raise RuntimeError("this leadership is already entered by this thread")
         bridge = self._bridge
+        generation, leadership = self._current()
         granted: list[AsyncTerm] = []
         try:
-            core = bridge.call(_take, self._core, granted)
-            lease = make_lease(bridge, core.lease, self._generation, LeadershipLost)
+            core = bridge.call(_take, leadership, granted)
+            lease = make_lease(bridge, core.lease, generation, LeadershipLost)
             term = Term(core.name, core.identity, core.fence, lease)
-            self._terms[ident] = (term, core)
+            self._terms[ident] = (term, core, leadership, generation)
         except BaseException:
             # Interrupted between the grant and the block: resign in the background.
             if granted:
                 self._terms.pop(ident, None)
-                leadership = self._core
                 bridge.thread.spawn(lambda: leadership.resign(granted[0], _interrupt()))
             raise
         return term
@@ -199,8 +224,8 @@ class Leadership:
         entry = self._terms.pop(threading.get_ident(), None)
         if entry is None:
             raise RuntimeError("this leadership was not entered by this thread")
-        term, core = entry
-        _resign(self._bridge, self._core, term, core, exc)
+        term, core, leadership, _ = entry
+        _resign(leadership, term, core, exc)
 
 
 async def _take(leadership: AsyncLeadership, granted: list[AsyncTerm]) -> AsyncTerm:
@@ -217,7 +242,6 @@ def _interrupt() -> BaseException:
 
 
 def _resign(
-    bridge: Bridge,
     leadership: AsyncLeadership,
     term: Term,
     core: AsyncTerm,

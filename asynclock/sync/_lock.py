@@ -5,7 +5,7 @@ A thread cannot be cancelled, so a lost lease does not stop its body. What happe
 instead: renewals go on in the loop thread while the body works; when the lease is lost
 (a renewal refused, or its validity ran out), ``lease.lost`` turns true and
 ``lease.check()`` raises :class:`~asynclock.LockLost`, the lock's ``on_lost`` callback
-runs in a worker thread, and leaving the ``with`` block raises ``LockLost``.
+runs in a thread of its own, and leaving the ``with`` block raises ``LockLost``.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ class Lease:
         return self._bridge.call(self._core.try_release, interrupt=Interrupt.FINISH)
 
     def when_lost(self, callback: LossCallback) -> None:
-        """Call ``callback(lease)`` in a worker thread when this lease is lost (once; at
+        """Call ``callback(lease)`` in a thread of its own when this lease is lost (once; at
         once if it already was). Not when it is released. An exception it raises is
         logged."""
         if not callable(callback):
@@ -177,11 +177,6 @@ class Lease:
 
 async def _add_loss_callback(lease: Lease, callback: LossCallback) -> None:
     _watch_loss(lease, callback)
-
-
-def _report_callback_error(future: asyncio.Future[object]) -> None:
-    if not future.cancelled() and (error := future.exception()) is not None:
-        logger.error("a loss callback raised", exc_info=error)
 
 
 def end_block(
@@ -309,6 +304,10 @@ class Lock:
 
     def __enter__(self) -> Lease:
         ident = threading.get_ident()
+        inherited = self._leases.get(ident)
+        if inherited is not None and inherited._forked():
+            # Forked inside this thread's block: that block is the parent's, not ours.
+            self._forget(ident, inherited)
         if ident in self._leases:
             raise RuntimeError(f"lock {self.name!r} is already held by this thread (not reentrant)")
         granted: list[Lease] = []
@@ -339,8 +338,15 @@ class Lock:
         lease = self._leases.get(ident)
         if lease is None:
             raise RuntimeError(f"lock {self.name!r} was not entered by this thread")
-        self._forget(ident, lease)
-        end_block(lease, exc)
+        try:
+            self._forget(ident, lease)
+            end_block(lease, exc)
+        except BaseException as error:
+            if not isinstance(error, Exception):
+                # An interrupt, perhaps before the release was on its way: make sure the
+                # lease ends and its lock goes back (a no-op once the release has ended).
+                abandon(lease)
+            raise
 
     def __repr__(self) -> str:
         core = self._core[1]
@@ -378,14 +384,26 @@ async def _end_unheld(core: AsyncLease) -> None:
 
 
 def _watch_loss(lease: Lease, callback: LossCallback) -> None:
-    """In the loop: run ``callback(lease)`` in a worker thread when the lease is lost."""
-    loop = asyncio.get_running_loop()
+    """In the loop: run ``callback(lease)`` in a thread of its own when the lease is lost.
+    Not in the loop's executor: closing the loop waits for that, and a callback may
+    itself close the coordinator, or take long."""
 
     def lost(_: AsyncLease) -> None:
-        future = loop.run_in_executor(None, callback, lease)
-        future.add_done_callback(_report_callback_error)
+        threading.Thread(
+            target=_run_callback,
+            args=(callback, lease),
+            name=f"asynclock-on-lost {lease.name}",
+            daemon=True,
+        ).start()
 
     lease._core.when_lost(lost)
+
+
+def _run_callback(callback: LossCallback, lease: Lease) -> None:
+    try:
+        callback(lease)
+    except Exception:
+        logger.exception("the loss callback of %r (fence %d) raised", lease.name, lease.fence)
 
 
 class ReadWriteLock:

@@ -6,9 +6,9 @@ the calling threads do their work.
 
 Why not ``anyio.from_thread.BlockingPortal``: its ``call()`` runs each coroutine in a
 task group under a cancel scope, and costs 176 µs per empty call on a 2-core machine,
-against 39–46 µs for a task and a ``threading.Lock`` here (``asynclock bench --only sync``): a lock
-and its release are two calls. What the portal gives beyond that (other async backends,
-its own lifecycle) the coordinator does not use.
+against 39 to 46 µs for a task and a ``threading.Lock`` here (``asynclock bench --only
+sync``): a lock and its release are two calls. What the portal gives beyond that
+(other async backends, its own lifecycle) the coordinator does not use.
 
 Interrupts: a ``KeyboardInterrupt`` (or any exception raised into the waiting thread)
 while it waits either cancels the call (``CANCEL``: an acquire; the async core then
@@ -59,9 +59,24 @@ class _Call:
     """One call waiting in another thread: its task, its outcome, and a lock released
     when the outcome is known."""
 
-    __slots__ = ("done", "error", "failed", "released", "task", "value")
+    __slots__ = (
+        "args",
+        "coro",
+        "done",
+        "error",
+        "failed",
+        "function",
+        "released",
+        "task",
+        "value",
+    )
 
-    def __init__(self) -> None:
+    def __init__(
+        self, function: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, ...]
+    ) -> None:
+        self.function = function
+        self.args = args
+        self.coro: Coroutine[Any, Any, Any] | None = None  # made, not yet started
         self.done = threading.Lock()
         self.done.acquire()
         self.released = False
@@ -70,11 +85,14 @@ class _Call:
         self.failed: BaseException | None = None  # what the call raised
         self.error: BaseException | None = None  # the call could not be started
 
-    def begin(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> None:
+    def begin(self, loop: asyncio.AbstractEventLoop) -> None:
+        """In the loop: start the call."""
+        if self.released or self.task is not None:
+            return
         try:
+            coro = self.coro = self.function(*self.args)
             task = asyncio.Task(self.run(coro), loop=loop, **_EAGER)
         except BaseException as exc:  # the loop is closing: the caller hears of it
-            coro.close()
             self.error = exc
             self.finished()
             return
@@ -85,6 +103,7 @@ class _Call:
     async def run(self, coro: Coroutine[Any, Any, Any]) -> None:
         """The call, which wakes its caller itself: one loop iteration sooner than a
         done-callback would."""
+        self.coro = None  # started: it is awaited here
         try:
             self.value = await coro
         except BaseException as exc:  # handed to the caller's thread
@@ -93,13 +112,25 @@ class _Call:
             self.finished()
 
     def finished(self, _: object = None) -> None:
+        if self.coro is not None:  # cancelled before its first step: it never ran
+            self.coro.close()
+            self.coro = None
         if not self.released:
             self.released = True
             self.done.release()
 
-    def cancel(self) -> None:
-        if self.task is not None:
-            self.task.cancel("asynclock.sync: the calling thread was interrupted")
+    def interrupted(self, loop: asyncio.AbstractEventLoop, interrupt: Interrupt) -> None:
+        """In the loop, after an interrupt of the caller. Queued after :meth:`begin`, so
+        that has run by now if the caller queued it at all: a call to cancel is cancelled
+        (or, never begun, ended here: nothing waits for it), and one that must finish is
+        begun now if the interrupt came before it was queued."""
+        if interrupt is Interrupt.CANCEL:
+            if self.task is None:
+                self.finished()
+            else:
+                self.task.cancel("asynclock.sync: the calling thread was interrupted")
+        else:
+            self.begin(loop)
 
     def wait_uninterrupted(self) -> None:
         """Wait for the end; interrupts meanwhile are kept for after (the first wins).
@@ -198,15 +229,16 @@ class LoopThread:
                 "a blocking asynclock.sync call was made from the coordinator's own event "
                 "loop thread (a callback running there): it would wait for itself"
             )
-        call = _Call()
-        coro = function(*args)
+        call = _Call(function, args)
         try:
-            loop.call_soon_threadsafe(call.begin, loop, coro)
-        except RuntimeError:  # the loop was closed meanwhile
-            coro.close()
-            raise CoordinatorClosed("this Coordinator is closed") from None
-        try:
+            # (Inside the try: an interrupt may land in the middle of the queueing, with
+            # begin() queued or not; interrupted() sorts it out in the loop.)
+            loop.call_soon_threadsafe(call.begin, loop)
             call.done.acquire()
+        except RuntimeError as exc:
+            if loop.is_closed():  # the loop was closed meanwhile
+                raise CoordinatorClosed("this Coordinator is closed") from exc
+            raise
         except BaseException:
             self._interrupted(loop, call, interrupt)
             raise
@@ -230,17 +262,14 @@ class LoopThread:
     ) -> None:
         """The waiting thread was interrupted: cancel the call and wait for its end, or
         leave it to finish in the loop."""
-        if interrupt is Interrupt.CANCEL:
-            try:
-                loop.call_soon_threadsafe(call.cancel)
-            except RuntimeError:  # closed: the close ended the call
-                return
-            call.wait_uninterrupted()
+        try:
+            loop.call_soon_threadsafe(call.interrupted, loop, interrupt)
+        except RuntimeError:  # closed: the close ended the call
             return
-        if interrupt is Interrupt.WAIT:
+        if interrupt is Interrupt.FINISH:
+            loop.call_soon_threadsafe(self._keep, call)
+        else:
             call.wait_uninterrupted()
-            return
-        loop.call_soon_threadsafe(self._keep, call)
 
     def _keep(self, call: _Call) -> None:
         task: asyncio.Task[Any] | None = call.task
