@@ -22,7 +22,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 from ._errors import BackendError, LockTimeout
 from ._lock import Lock
 
-__all__ = ("LockMaker", "leave", "locked", "namer", "singleton", "template_fields")
+__all__ = ("LockMaker", "leave", "locked", "namer", "run_held", "singleton", "template_fields")
 
 logger = logging.getLogger("asynclock")
 
@@ -116,7 +116,7 @@ def singleton(
                 await lock.__aenter__()
             except LockTimeout:
                 return None  # someone else is at it
-            return await _run_held(lock, fn, args, kwargs)
+            return await run_held(lock, fn, args, kwargs)
 
         return call
 
@@ -137,14 +137,14 @@ def locked(
         async def call(*args: P.args, **kwargs: P.kwargs) -> R:
             lock = coord.lock(name_for(args, kwargs), ttl=ttl, timeout=timeout)
             await lock.__aenter__()
-            return await _run_held(lock, fn, args, kwargs)
+            return await run_held(lock, fn, args, kwargs)
 
         return call
 
     return decorate
 
 
-async def _run_held(
+async def run_held(
     lock: Lock, fn: Callable[..., Awaitable[R]], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> R:
     """Run ``fn`` in ``lock``'s block (entered by this task), then leave it: the call's
