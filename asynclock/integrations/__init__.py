@@ -1,12 +1,13 @@
-"""Web framework integrations: ``asynclock.integrations.fastapi`` and
-``asynclock.integrations.aiohttp``.
+"""Integrations: the web frameworks (``asynclock.integrations.fastapi`` and
+``asynclock.integrations.aiohttp``) and the job queues (``asynclock.integrations.celery``,
+``asynclock.integrations.arq``).
 
-Each needs its framework (``pip install 'asynclock[fastapi]'`` or
-``'asynclock[aiohttp]'``); importing one without it raises an ``ImportError`` that names
-the extra. This package itself imports neither framework: it holds what both share —
-lock names from URL templates, the HTTP answers to a refused or lost lock, and the
-leader-only background tasks — in a private module, ``_common``; this package holds the
-public names of leader tasks.
+Each needs its framework (``pip install 'asynclock[fastapi]'``, ``'asynclock[aiohttp]'``,
+``'asynclock[celery]'``, ``'asynclock[arq]'``); importing one without it raises an
+``ImportError`` that names the extra. This package itself imports none of them. It holds
+what the web frameworks share — lock names from URL templates, the HTTP answers to a
+refused or lost lock, and the leader-only background tasks — in a private module,
+``_common``; this package holds the public names of leader tasks.
 
 The HTTP answers, on both frameworks:
 

@@ -17,7 +17,7 @@ from .._decorators import namer
 from .._errors import BackendError, LockTimeout
 from ._lock import Lock
 
-__all__ = ("locked", "singleton")
+__all__ = ("leave", "locked", "run_held", "singleton")
 
 logger = logging.getLogger("asynclock")
 
@@ -59,7 +59,7 @@ def singleton(
                 lock.__enter__()
             except LockTimeout:
                 return None  # someone else is at it
-            return _run_held(lock, fn, args, kwargs)
+            return run_held(lock, fn, args, kwargs)
 
         return call
 
@@ -80,14 +80,14 @@ def locked(
         def call(*args: P.args, **kwargs: P.kwargs) -> R:
             lock = coord.lock(name_for(args, kwargs), ttl=ttl, timeout=timeout)
             lock.__enter__()
-            return _run_held(lock, fn, args, kwargs)
+            return run_held(lock, fn, args, kwargs)
 
         return call
 
     return decorate
 
 
-def _run_held(lock: Lock, fn: Callable[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+def run_held(lock: Lock, fn: Callable[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
     """Run ``fn`` in ``lock``'s block (entered by this thread), then leave it."""
     try:
         result = fn(*args, **kwargs)
