@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import decimal
+import json
 import logging
 import math
+import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -468,3 +472,19 @@ class _LeaderRunner:
             retry_in=retry_in,
             detail=self._detail,
         )
+
+
+def jsonable(value: object) -> object:
+    """``json.dumps(default=)`` for job arguments beyond JSON's own (what Celery's JSON
+    serializer brings, what arq's pickle carries), tagged with their type: a stable text
+    form for the lock name's digest. ``TypeError`` for anything else."""
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return {"$" + type(value).__name__: value.isoformat()}
+    if isinstance(value, decimal.Decimal | uuid.UUID):
+        return {"$" + type(value).__name__: str(value)}
+    if isinstance(value, bytes):
+        return {"$bytes": value.hex()}
+    if isinstance(value, set | frozenset):
+        items = [json.dumps(item, sort_keys=True, default=jsonable) for item in value]
+        return {"$set": sorted(items)}
+    raise TypeError(f"an argument of type {type(value).__name__} has no stable text form")

@@ -87,14 +87,11 @@ Needs arq 0.26 or later (``pip install 'asynclock[arq]'``).
 
 from __future__ import annotations
 
-import datetime
-import decimal
 import functools
 import hashlib
 import inspect
 import json
 import logging
-import uuid
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Literal, ParamSpec, TypeVar, get_args
@@ -283,7 +280,9 @@ def _namer(
         arguments = dict(bound.arguments)
         del arguments[ctx_name]
         try:
-            text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=_jsonable)
+            text = json.dumps(
+                arguments, sort_keys=True, separators=(",", ":"), default=common.jsonable
+            )
         except (TypeError, ValueError) as exc:
             raise TypeError(
                 f"{label}: cannot name its lock from these arguments ({exc}); give "
@@ -292,17 +291,3 @@ def _namer(
         return prefix + hashlib.sha256(text.encode()).hexdigest()[:32]
 
     return ctx_name, name_for
-
-
-def _jsonable(value: object) -> object:
-    """The usual job arguments beyond JSON's own, tagged (arq pickles its arguments)."""
-    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
-        return {"$" + type(value).__name__: value.isoformat()}
-    if isinstance(value, decimal.Decimal | uuid.UUID):
-        return {"$" + type(value).__name__: str(value)}
-    if isinstance(value, bytes):
-        return {"$bytes": value.hex()}
-    if isinstance(value, set | frozenset):
-        items = [json.dumps(item, sort_keys=True, default=_jsonable) for item in value]
-        return {"$set": sorted(items)}
-    raise TypeError(f"an argument of type {type(value).__name__} has no stable text form")

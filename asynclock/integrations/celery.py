@@ -72,14 +72,11 @@ Needs Celery 5.3 or later (``pip install 'asynclock[celery]'``).
 from __future__ import annotations
 
 import contextvars
-import datetime
-import decimal
 import hashlib
 import inspect
 import json
 import logging
 import threading
-import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, get_args
@@ -276,7 +273,7 @@ def _namer_for(task: SingletonTask) -> Callable[[tuple[Any, ...], dict[str, Any]
             bound.apply_defaults()
             what = ["bound", bound.arguments]
         try:
-            text = json.dumps(what, sort_keys=True, separators=(",", ":"), default=_jsonable)
+            text = json.dumps(what, sort_keys=True, separators=(",", ":"), default=common.jsonable)
         except (TypeError, ValueError) as exc:
             raise TypeError(
                 f"{task.name}: cannot name its lock from these arguments ({exc}); give the "
@@ -285,20 +282,6 @@ def _namer_for(task: SingletonTask) -> Callable[[tuple[Any, ...], dict[str, Any]
         return prefix + hashlib.sha256(text.encode()).hexdigest()[:32]
 
     return name_for
-
-
-def _jsonable(value: object) -> object:
-    """The arguments Celery's JSON serializer brings beyond JSON's own, tagged."""
-    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
-        return {"$" + type(value).__name__: value.isoformat()}
-    if isinstance(value, decimal.Decimal | uuid.UUID):
-        return {"$" + type(value).__name__: str(value)}
-    if isinstance(value, bytes):
-        return {"$bytes": value.hex()}
-    if isinstance(value, set | frozenset):
-        items = [json.dumps(item, sort_keys=True, default=_jsonable) for item in value]
-        return {"$set": sorted(items)}
-    raise TypeError(f"an argument of type {type(value).__name__} has no stable text form")
 
 
 # -- the coordinator of each app, in each process ---------------------------------------
