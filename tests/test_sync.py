@@ -216,9 +216,11 @@ _WORKER = textwrap.dedent(
     import json, sys, time
     import asynclock.sync
 
-    target, options, rounds, locked = json.loads(sys.argv[1])
+    target, options, rounds, locked, start_at = json.loads(sys.argv[1])
     history = []
     with asynclock.sync.connect(target, **options) as coord:
+        coord.is_locked("across")  # connected, before the common start
+        time.sleep(max(0.0, start_at - time.time()))
         for _ in range(rounds):
             if locked:
                 with coord.lock("across", ttl=10, timeout=60) as lease:
@@ -236,7 +238,9 @@ _WORKER = textwrap.dedent(
 
 def _run_processes(target: tuple[Any, dict[str, Any]], *, locked: bool) -> list[Any]:
     url, options = target
-    argument = json.dumps([url, options, 8, locked])
+    # All three start together (after their imports and connections), so that the
+    # unlocked run overlaps for sure and the locked one contends.
+    argument = json.dumps([url, options, 8, locked, time.time() + 5.0])
     processes = [
         subprocess.Popen(  # noqa: S603 - this interpreter, the test's own script
             [sys.executable, "-c", _WORKER, argument], stdout=subprocess.PIPE, text=True
