@@ -39,6 +39,7 @@ class Bridge:
         self.pid = os.getpid()
         self.closed = False
         self._close_ended = threading.Event()
+        self._closer_started = False  # (read and set in the loop thread only)
         self.identity = core.identity  # as first made (a repr must not reconnect)
         self.thread = LoopThread(f"asynclock-loop {core.identity}")
         _bridges.add(self)
@@ -99,25 +100,42 @@ class Bridge:
                 "the coordinator cannot be closed from its own loop thread (a callback "
                 "running there): the close would wait for itself"
             )
-        with self._mutex:
-            first = not self.closed
-            self.closed = True
-            core = self._core
-        if first:
-            closer = threading.Thread(
-                target=self._close, args=(core, own), name="asynclock-close", daemon=True
-            )
         pending: BaseException | None = None
         while not self._close_ended.is_set():
             try:
-                if first:
-                    first = False
-                    closer.start()
+                self._request_close(own)
                 self._close_ended.wait(0.05)
-            except BaseException as exc:
+            except BaseException as exc:  # raised once the close has ended
                 pending = pending or exc
         if pending is not None:
             raise pending
+
+    def _request_close(self, own: Callable[[], Coroutine[Any, Any, None]] | None) -> None:
+        """Start the close, or do nothing if it has started: every step may be taken again
+        after an interrupt (the caller retries until the close has ended), and the steps
+        that must happen once happen in the loop thread, where no interrupt lands."""
+        self.closed = True
+        loop = self.thread.loop
+        if loop is None:  # never used: nothing runs, nothing to close
+            self.thread.stop()
+            self._close_ended.set()
+            return
+        if loop.is_closed():
+            self._close_ended.set()
+            return
+        try:
+            loop.call_soon_threadsafe(self._start_closer, own)
+        except RuntimeError:  # closed meanwhile: the close has ended
+            self._close_ended.set()
+
+    def _start_closer(self, own: Callable[[], Coroutine[Any, Any, None]] | None) -> None:
+        """In the loop thread, once: the thread that closes (it waits on this loop)."""
+        if self._closer_started:
+            return
+        self._closer_started = True
+        threading.Thread(
+            target=self._close, args=(self._core, own), name="asynclock-close", daemon=True
+        ).start()
 
     def _close(
         self,
@@ -144,6 +162,7 @@ class Bridge:
         self._core = None
         self._mutex = threading.Lock()
         self._close_ended = threading.Event()
+        self._closer_started = False
         self.generation += 1
 
 

@@ -13,6 +13,7 @@ from typing import Any, ParamSpec, Self, TypeVar
 from .._backoff import Backoff
 from .._coordinator import Coordinator as AsyncCoordinator
 from .._coordinator import connect as async_connect
+from .._lease import Lease as AsyncLease
 from .._lock import Lock as AsyncLock
 from .._lock import ReadWriteLock as AsyncReadWriteLock
 from .._stats import CoordinatorStats
@@ -260,14 +261,18 @@ class Coordinator:
         not stop the close half-way.
         """
         bridge = self._bridge
-        _open.discard(self)
-        own = entered_by(threading.get_ident(), bridge)
+        own: list[AsyncLease] = []
+        try:
+            own = entered_by(threading.get_ident(), bridge)
+        finally:
+            # However the line above was interrupted: the close runs (to its end).
 
-        async def end_own() -> None:
-            for lease in own:
-                lease.end_released()  # its block is the caller: nothing to cancel
+            async def end_own() -> None:
+                for lease in own:
+                    lease.end_released()  # its block is the caller: nothing to cancel
 
-        bridge.close(end_own if own else None)
+            bridge.close(end_own if own else None)
+            _open.discard(self)
 
     def __enter__(self) -> Self:
         if self._bridge.closed:

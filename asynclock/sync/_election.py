@@ -221,11 +221,27 @@ class Leadership:
         return term
 
     def __exit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> None:
-        entry = self._terms.pop(threading.get_ident(), None)
-        if entry is None:
-            raise RuntimeError("this leadership was not entered by this thread")
-        term, core, leadership, _ = entry
-        _resign(leadership, term, core, exc)
+        entry = None
+        try:
+            entry = self._terms.pop(threading.get_ident(), None)
+            if entry is None:
+                raise RuntimeError("this leadership was not entered by this thread")  # noqa: TRY301 - the interrupt handling below wraps it too
+            term, core, leadership, _ = entry
+            _resign(leadership, term, core, exc)
+        except BaseException as error:
+            if not isinstance(error, Exception):
+                # An interrupt, perhaps before the resignation was on its way: resign in
+                # the background (a no-op once the term has ended).
+                entry = entry or self._terms.pop(threading.get_ident(), None)
+                if entry is not None:
+                    _, core, leadership, _ = entry
+                    self._bridge.thread.spawn(lambda: _resign_unheld(leadership, core))
+            raise
+
+
+async def _resign_unheld(leadership: AsyncLeadership, term: AsyncTerm) -> None:
+    if term.lease.held:
+        await leadership.resign(term, _interrupt())
 
 
 async def _take(leadership: AsyncLeadership, granted: list[AsyncTerm]) -> AsyncTerm:

@@ -334,18 +334,23 @@ class Lock:
                 del _entered[ident]
 
     def __exit__(self, exc_type: ExcType, exc: ExcValue, tb: Traceback) -> None:
-        ident = threading.get_ident()
-        lease = self._leases.get(ident)
-        if lease is None:
-            raise RuntimeError(f"lock {self.name!r} was not entered by this thread")
+        lease = None
         try:
+            ident = threading.get_ident()
+            lease = self._leases.get(ident)
+            if lease is None:
+                raise RuntimeError(f"lock {self.name!r} was not entered by this thread")  # noqa: TRY301
             self._forget(ident, lease)
             end_block(lease, exc)
         except BaseException as error:
             if not isinstance(error, Exception):
                 # An interrupt, perhaps before the release was on its way: make sure the
                 # lease ends and its lock goes back (a no-op once the release has ended).
-                abandon(lease)
+                ident = threading.get_ident()
+                lease = lease or self._leases.get(ident)
+                if lease is not None:
+                    self._forget(ident, lease)
+                    abandon(lease)
             raise
 
     def __repr__(self) -> str:

@@ -163,6 +163,8 @@ class LoopThread:
         self._thread: threading.Thread | None = None
         self._ident: int | None = None
         self._stopped = False
+        self._starting: tuple[asyncio.AbstractEventLoop, threading.Thread, threading.Event] | None
+        self._starting = None
         self._running: set[asyncio.Task[Any]] = set()  # calls left to finish (FINISH)
         _threads.add(self)
 
@@ -181,15 +183,23 @@ class LoopThread:
                 raise CoordinatorClosed("this Coordinator is closed")
             if self._loop is not None:
                 return self._loop
-            loop = asyncio.new_event_loop()
-            started = threading.Event()
-            thread = threading.Thread(
-                target=self._run, args=(loop, started), name=self._name, daemon=True
-            )
-            thread.start()
-            started.wait()
+            # Kept from the first try on: an interrupt may land in thread.start() after
+            # the thread began, and the next call must adopt that thread, not start a
+            # second loop (that stop() would never hear of).
+            if self._starting is None:
+                loop = asyncio.new_event_loop()
+                started = threading.Event()
+                thread = threading.Thread(
+                    target=self._run, args=(loop, started), name=self._name, daemon=True
+                )
+                self._starting = (loop, thread, started)
+            loop, thread, started = self._starting
+            if not started.wait(0 if thread.ident is None else 5.0):
+                thread.start()
+                started.wait()
             self._thread = thread
             self._loop = loop
+            self._starting = None
             return loop
 
     def _run(self, loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
@@ -296,7 +306,11 @@ class LoopThread:
         with self._mutex:
             self._stopped = True
             loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
+            if loop is None and self._starting is not None:
+                loop, thread, _ = self._starting  # a start that was interrupted
+        if loop is None or thread is None or thread.ident is None:
+            if loop is not None and not loop.is_running() and not loop.is_closed():
+                loop.close()  # never started
             return
         if thread is threading.current_thread():
             raise RuntimeError("the coordinator cannot be closed from its own loop thread")
@@ -315,6 +329,7 @@ class LoopThread:
         self._mutex = threading.Lock()
         self._loop = None
         self._thread = None
+        self._starting = None
         self._ident = None
         self._running = set()
 
