@@ -555,6 +555,41 @@ def test_policies_in_eager_runs(
             assert task.apply(["d"]).get()[1] > fence  # free again: runs
 
 
+class _Raised(Exception):
+    """Stands for Celery's SoftTimeLimitExceeded, raised into the thread on any line."""
+
+
+@pytest.mark.parametrize("where", ["before the body", "after the body, before leaving"])
+def test_an_exception_raised_into_a_run_gives_the_lock_back(
+    eager_app: Celery, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A soft time limit that lands between the grant and the body, or after the body
+    returned and before its block was left, still gives the lease back (it stayed held,
+    and renewed, until the worker process exited)."""
+    import asynclock.integrations.celery as integration  # noqa: PLC0415 - the seam patched
+    import asynclock.sync._decorators as decorators  # noqa: PLC0415 - the seam patched
+
+    task = probe_task(eager_app, "t.raised")
+
+    def raise_now(*_: object) -> None:
+        raise _Raised(where)
+
+    if where == "before the body":
+        monkeypatch.setattr(integration, "run_held", raise_now)
+    else:
+        monkeypatch.setattr(decorators, "leave", raise_now)
+    with pytest.raises(_Raised):
+        task("d")
+    monkeypatch.undo()
+    coord = coordinator_for(eager_app)
+    name = task.lock_name_for(["d"])
+    deadline = time.monotonic() + 10
+    while coord.is_locked(name) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not coord.is_locked(name)
+    assert task("d")[0] == name  # and the thread can run it again (no "already held")
+
+
 def test_coordinator_from_the_task_or_the_config(asynclock_redis_url: str, namespace: str) -> None:
     """``lock_coordinator`` wins over the app's config; without either, a run says what
     to configure."""

@@ -98,6 +98,7 @@ from .._errors import LockTimeout
 from .._validate import check_number, check_ttl
 from ..sync import Coordinator, Lease, connect
 from ..sync._decorators import run_held
+from ..sync._lock import give_back_entered
 
 __all__ = ("OnHeld", "SingletonTask", "coordinator_for")
 
@@ -201,11 +202,17 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery has no type hints
             if self.on_held == "retry":
                 raise self.retry(exc=held, countdown=self.lock_retry_delay) from held
             raise
-        token = _current.set(lease)
         try:
-            return run_held(lock, super().__call__, args, kwargs)
-        finally:
-            _current.reset(token)
+            token = _current.set(lease)
+            try:
+                return run_held(lock, super().__call__, args, kwargs)
+            finally:
+                _current.reset(token)
+        except BaseException:
+            # Celery raises SoftTimeLimitExceeded into the thread on any line, also
+            # between the grant and the body: the lease goes back whatever happened.
+            give_back_entered(lock)  # a no-op once the block was left
+            raise
 
 
 def _check_options(cls: type[SingletonTask]) -> None:

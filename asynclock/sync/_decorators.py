@@ -15,7 +15,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from .._decorators import namer
 from .._errors import BackendError, LockTimeout
-from ._lock import Lock
+from ._lock import Lock, give_back_entered
 
 __all__ = ("leave", "locked", "run_held", "singleton")
 
@@ -88,13 +88,21 @@ def locked(
 
 
 def run_held(lock: Lock, fn: Callable[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
-    """Run ``fn`` in ``lock``'s block (entered by this thread), then leave it."""
+    """Run ``fn`` in ``lock``'s block (entered by this thread), then leave it.
+
+    An exception raised *into* the thread (Celery's ``SoftTimeLimitExceeded``, a
+    ``KeyboardInterrupt``) may land on any line, also after ``fn`` returned and before
+    the block was left: whatever ends this call, the lease is given back."""
     try:
-        result = fn(*args, **kwargs)
-    except BaseException as exc:
-        leave(lock, exc)  # may raise LockLost
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            leave(lock, exc)  # may raise LockLost
+            raise
+        leave(lock, None)
+    except BaseException:
+        give_back_entered(lock)  # a no-op once the block was left
         raise
-    leave(lock, None)
     return result
 
 

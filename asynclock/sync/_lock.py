@@ -342,15 +342,16 @@ class Lock:
                 raise RuntimeError(f"lock {self.name!r} was not entered by this thread")  # noqa: TRY301
             self._forget(ident, lease)
             end_block(lease, exc)
-        except BaseException as error:
-            if not isinstance(error, Exception):
-                # An interrupt, perhaps before the release was on its way: make sure the
-                # lease ends and its lock goes back (a no-op once the release has ended).
-                ident = threading.get_ident()
-                lease = lease or self._leases.get(ident)
-                if lease is not None:
-                    self._forget(ident, lease)
-                    abandon(lease)
+        except BaseException:
+            # Perhaps an exception raised into the thread (a KeyboardInterrupt, Celery's
+            # SoftTimeLimitExceeded) before the release was on its way: make sure the
+            # lease ends and its lock goes back. A no-op once the release has ended, or
+            # when it goes on in the background (it failed), or the lease was lost.
+            ident = threading.get_ident()
+            lease = lease or self._leases.get(ident)
+            if lease is not None:
+                self._forget(ident, lease)
+                abandon(lease)
             raise
 
     def __repr__(self) -> str:
@@ -385,7 +386,19 @@ def abandon(lease: Lease) -> None:
 
 
 async def _end_unheld(core: AsyncLease) -> None:
-    core.end_released()  # (a no-op if it has ended meanwhile)
+    if core.held and not core.releasing:  # (ended meanwhile, or a release goes on)
+        core.end_released()
+
+
+def give_back_entered(lock: Lock) -> None:
+    """Give back this thread's lease of ``lock``'s block when the block's exit will not
+    run: an exception raised into the thread (Celery's ``SoftTimeLimitExceeded``, a
+    ``KeyboardInterrupt``) between the grant and the exit. A no-op once it was left."""
+    ident = threading.get_ident()
+    lease = lock._leases.get(ident)
+    if lease is not None:
+        lock._forget(ident, lease)
+        abandon(lease)
 
 
 def _watch_loss(lease: Lease, callback: LossCallback) -> None:
