@@ -880,3 +880,36 @@ def test_an_exception_raised_into_a_blocks_exit_gives_the_lease_back(
     assert wait_until(lambda: not coord.is_locked("exit"))
     with lock:
         pass
+
+
+@pytest.mark.filterwarnings("ignore:This process .* fork:DeprecationWarning")
+@pytest.mark.parametrize("target", ["redis"], indirect=True)
+def test_a_child_leaving_the_parents_block_leaves_the_parents_lock_alone(
+    make_sync: Callable[..., Any],
+) -> None:
+    """A child forked inside a block that then leaves it (its own exit of the parent's
+    ``with``) hears LockLost, and never releases the parent's lock: the parent still
+    holds it, on the server too."""
+    coord: asynclock.sync.Coordinator = make_sync()
+    watcher: asynclock.sync.Coordinator = make_sync()
+    lock = coord.lock("kept", ttl=10)
+    with lock as lease:
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                signal.alarm(60)
+                assert not coord.is_locked("nothing")  # the child's own loop runs
+                try:
+                    lock.__exit__(None, None, None)
+                except asynclock.LockLost:
+                    status = 0
+                time.sleep(0.5)  # room for anything sent in the background
+            finally:
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert lease.held
+        info = watcher.inspect("kept")
+        assert info is not None
+        assert info.fence == lease.fence

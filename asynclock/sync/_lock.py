@@ -382,6 +382,8 @@ def abandon(lease: Lease) -> None:
     """Give back, in the background, a lease the caller will never hold (an interrupt
     came between its grant and the caller): it ends released, quietly (nobody dropped
     it by mistake), and the lock goes back to the server."""
+    if lease._forked():
+        return  # the parent's lease (this is a forked child): never ours to give back
     lease._bridge.thread.spawn(lambda: _end_unheld(lease._core))
 
 
