@@ -279,9 +279,9 @@ def test_processes_exclude_each_other(target: tuple[Any, dict[str, Any]]) -> Non
 def test_a_lease_kept_by_renewals_while_the_thread_works(make_sync: Callable[..., Any]) -> None:
     """The loop thread renews while the calling thread sleeps past the TTL."""
     coord = make_sync()
-    with coord.lock("long", ttl=0.6) as lease:
+    with coord.lock("long", ttl=1.2) as lease:
         fence = lease.fence
-        time.sleep(1.5)
+        time.sleep(3.0)  # two and a half TTLs: only renewals keep it
         lease.check()
         assert lease.held
         assert lease.fence == fence
@@ -913,3 +913,40 @@ def test_a_child_leaving_the_parents_block_leaves_the_parents_lock_alone(
         info = watcher.inspect("kept")
         assert info is not None
         assert info.fence == lease.fence
+
+
+@pytest.mark.parametrize("step", ["elected", "resigned"])
+async def test_a_cancel_while_a_term_is_announced_gives_the_lease_back(
+    namespace: str, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """The blocking API's leadership takes and resigns terms through
+    ``Leadership.take()`` / ``resign()``; a cancel landing in the announcement between
+    the grant and the caller (or between the body's end and the release) ends
+    cancelled, and the lease is given back."""
+    import asyncio  # noqa: PLC0415 - this test's loop
+
+    announcing = asyncio.Event()
+    original = asynclock.Election._publish
+
+    async def stuck(self: asynclock.Election, kind: str, fence: int) -> None:
+        if kind != step:
+            await original(self, kind, fence)
+            return
+        announcing.set()
+        await asyncio.Event().wait()  # never answers
+
+    monkeypatch.setattr(asynclock.Election, "_publish", stuck)
+    async with asynclock.connect(f"memory://{namespace}") as coord:
+        leadership = coord.election("e", ttl=5).leadership()
+        task: asyncio.Task[object]
+        if step == "elected":
+            task = asyncio.create_task(leadership.take())
+        else:
+            term = await leadership.take()
+            task = asyncio.create_task(leadership.resign(term, None))
+        await asyncio.wait_for(announcing.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert coord.held == []
+        assert await coord.inspect("election:e") is None
