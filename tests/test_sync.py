@@ -865,15 +865,13 @@ def test_an_exception_raised_into_a_blocks_exit_gives_the_lease_back(
     """An exception raised into the thread as its block ends, before the release was on
     its way (Celery's SoftTimeLimitExceeded is an Exception, not a KeyboardInterrupt),
     still gives the lease back, and the thread can take the lock again."""
-    import asynclock.sync._lock as sync_lock  # noqa: PLC0415 - the seam patched
-
     coord: asynclock.sync.Coordinator = make_sync()
     lock = coord.lock("exit", ttl=10)
 
     def raise_now(*_: object) -> None:
         raise ArithmeticError("raised into the thread")
 
-    monkeypatch.setattr(sync_lock, "end_block", raise_now)
+    monkeypatch.setattr(asynclock.sync.Lease, "end_block", raise_now)
     with pytest.raises(ArithmeticError), lock:
         pass
     monkeypatch.undo()

@@ -98,7 +98,6 @@ from .._errors import LockTimeout
 from .._validate import check_number, check_ttl
 from ..sync import Coordinator, Lease, connect
 from ..sync._decorators import run_held
-from ..sync._lock import give_back_entered
 
 __all__ = ("OnHeld", "SingletonTask", "coordinator_for")
 
@@ -211,7 +210,7 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery has no type hints
         except BaseException:
             # Celery raises SoftTimeLimitExceeded into the thread on any line, also
             # between the grant and the body: the lease goes back whatever happened.
-            give_back_entered(lock)  # a no-op once the block was left
+            lock.give_back_entered()  # a no-op once the block was left
             raise
 
 

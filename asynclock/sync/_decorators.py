@@ -15,7 +15,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from .._decorators import namer
 from .._errors import BackendError, LockTimeout
-from ._lock import Lock, give_back_entered
+from ._lock import Lock
 
 __all__ = ("leave", "locked", "run_held", "singleton")
 
@@ -101,7 +101,7 @@ def run_held(lock: Lock, fn: Callable[..., R], args: tuple[Any, ...], kwargs: di
             raise
         leave(lock, None)
     except BaseException:
-        give_back_entered(lock)  # a no-op once the block was left
+        lock.give_back_entered()  # a no-op once the block was left
         raise
     return result
 

@@ -17,7 +17,7 @@ from .._election import Term as AsyncTerm
 from .._errors import BackendError, CoordinatorClosed, LeadershipLost, LockError, LockLost
 from .._types import ExcType, ExcValue, Traceback
 from ._bridge import Bridge, Interrupt
-from ._lock import Lease, end_block, make_lease
+from ._lock import Lease, make_lease
 
 __all__ = ("Election", "Leadership", "Term")
 
@@ -268,4 +268,4 @@ def _resign(
     async def resign(exc: BaseException | None) -> None:
         await leadership.resign(core, exc)
 
-    end_block(term.lease, exc, resign)
+    term.lease.end_block(exc, resign)

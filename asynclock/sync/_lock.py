@@ -22,7 +22,7 @@ from .._lock import Lock as AsyncLock
 from .._types import ExcType, ExcValue, Traceback
 from ._bridge import Bridge, Interrupt
 
-__all__ = ("Lease", "Lock", "LossCallback", "ReadWriteLock", "end_block")
+__all__ = ("Lease", "Lock", "LossCallback", "ReadWriteLock")
 
 logger = logging.getLogger("asynclock")
 
@@ -160,6 +160,85 @@ class Lease:
         self._check_process()
         self._bridge.call(_add_loss_callback, self, callback)
 
+    # -- for the blocks of this package (Lock, Leadership, the decorators) -------------
+
+    def end_block(
+        self,
+        exc: BaseException | None,
+        finish: Callable[[BaseException | None], Coroutine[Any, Any, None]] | None = None,
+    ) -> None:
+        """Leave a ``with`` block of this lease whose body ended with ``exc`` (None: it
+        returned): release (or ``finish(exc)`` in the loop, which does), and raise the
+        lease's loss error if it was lost (internal to :mod:`asynclock.sync`).
+
+        A ``KeyboardInterrupt`` or ``SystemExit`` in flight wins, as a cancel does in
+        async code: neither a loss nor a failed release replaces it (the release then
+        goes on in the background).
+        """
+        in_flight = isinstance(exc, BaseException) and not isinstance(exc, Exception)
+        if in_flight:
+            exc = asyncio.CancelledError(f"{type(exc).__name__} in the calling thread")
+        core = self._core
+        if self._forked():
+            if not in_flight:
+                raise self._loss() from exc
+            return
+        try:
+            if finish is None:
+                self._bridge.call(
+                    core.end_block, None, exc, self._lost_error, interrupt=Interrupt.FINISH
+                )
+            else:
+                self._bridge.call(finish, exc, interrupt=Interrupt.FINISH)
+        except CoordinatorClosed:
+            # Closed meanwhile: the close ended the lease (lost, or released when the
+            # close came from inside this block), and the loop can no longer leave it.
+            if core.lost and not in_flight:
+                raise self._loss() from exc
+        except LockLost:
+            if not in_flight:
+                raise
+
+    def give_back(self) -> None:
+        """Give back, in the background, a lease the caller will never hold (an exception
+        came between its grant and the caller, or before its block's release was on its
+        way): it ends released, quietly, and the lock goes back to the server. A no-op
+        once it has ended, while a failed release goes on, and for a lease of the parent
+        in a forked child (internal to :mod:`asynclock.sync`)."""
+        if self._forked():
+            return  # the parent's lease (this is a forked child): never ours to give back
+        core = self._core
+        self._bridge.thread.spawn(lambda: _end_unheld(core))
+
+    def blocks(self, bridge: Bridge, name: str) -> bool:
+        """True if an exclusive or shared acquire of ``name`` on ``bridge``'s coordinator
+        would wait for this lease (internal: the re-entry check)."""
+        return self._bridge is bridge and self.name == name and not self._permit and self.held
+
+    def core_on(self, bridge: Bridge) -> AsyncLease | None:
+        """The async lease behind this one if it is ``bridge``'s (internal: close())."""
+        return self._core if self._bridge is bridge else None
+
+    @property
+    def inherited(self) -> bool:
+        """True in a forked child for a lease of the parent."""
+        return self._forked()
+
+    def watch_loss(self, callback: LossCallback) -> None:
+        """In the loop: run ``callback(self)`` in a thread of its own when this lease is
+        lost. Not in the loop's executor: closing the loop waits for that, and a callback
+        may itself close the coordinator, or take long (internal)."""
+
+        def lost(_: AsyncLease) -> None:
+            threading.Thread(
+                target=_run_callback,
+                args=(callback, self),
+                name=f"asynclock-on-lost {self.name}",
+                daemon=True,
+            ).start()
+
+        self._core.when_lost(lost)
+
     def _forked(self) -> bool:
         return self._generation != self._bridge.generation
 
@@ -176,45 +255,7 @@ class Lease:
 
 
 async def _add_loss_callback(lease: Lease, callback: LossCallback) -> None:
-    _watch_loss(lease, callback)
-
-
-def end_block(
-    lease: Lease,
-    exc: BaseException | None,
-    finish: Callable[[BaseException | None], Coroutine[Any, Any, None]] | None = None,
-) -> None:
-    """Leave a ``with`` block of ``lease`` whose body ended with ``exc`` (None: it
-    returned): release (or ``finish(exc)`` in the loop, which does), and raise the lease's
-    loss error if it was lost.
-
-    A ``KeyboardInterrupt`` or ``SystemExit`` in flight wins, as a cancel does in async
-    code: neither a loss nor a failed release replaces it (the release then goes on in
-    the background).
-    """
-    in_flight = isinstance(exc, BaseException) and not isinstance(exc, Exception)
-    if in_flight:
-        exc = asyncio.CancelledError(f"{type(exc).__name__} in the calling thread")
-    core = lease._core
-    if lease._forked():
-        if not in_flight:
-            raise lease._loss() from exc
-        return
-    try:
-        if finish is None:
-            lease._bridge.call(
-                core.end_block, None, exc, lease._lost_error, interrupt=Interrupt.FINISH
-            )
-        else:
-            lease._bridge.call(finish, exc, interrupt=Interrupt.FINISH)
-    except CoordinatorClosed:
-        # Closed meanwhile: the close ended the lease (lost, or released when the close
-        # came from inside this block), and the loop can no longer leave it: decide here.
-        if core.lost and not in_flight:
-            raise lease._loss() from exc
-    except LockLost:
-        if not in_flight:
-            raise
+    lease.watch_loss(callback)
 
 
 class Lock:
@@ -272,7 +313,7 @@ class Lock:
             return self._acquire(granted)
         except BaseException:
             if granted:  # an interrupt took the lease from the caller: give it back
-                abandon(granted[0])
+                granted[0].give_back()
             raise
 
     def _acquire(self, granted: list[Lease]) -> Lease:
@@ -290,12 +331,7 @@ class Lock:
         if self._core[1].limit:
             return
         for lease in _entered.get(threading.get_ident(), ()):
-            if (
-                lease._bridge is self._bridge
-                and lease.name == self.name
-                and not lease._permit
-                and lease.held
-            ):
+            if lease.blocks(self._bridge, self.name):
                 raise RuntimeError(
                     f"lock {self.name!r} is already held by this thread (fence "
                     f"{lease.fence}, in `with`): locks are not reentrant, and taking it "
@@ -305,7 +341,7 @@ class Lock:
     def __enter__(self) -> Lease:
         ident = threading.get_ident()
         inherited = self._leases.get(ident)
-        if inherited is not None and inherited._forked():
+        if inherited is not None and inherited.inherited:
             # Forked inside this thread's block: that block is the parent's, not ours.
             self._forget(ident, inherited)
         if ident in self._leases:
@@ -320,9 +356,20 @@ class Lock:
             # nothing else would leave it): give the lease back.
             if granted:
                 self._forget(ident, granted[0])
-                abandon(granted[0])
+                granted[0].give_back()
             raise
         return lease
+
+    def give_back_entered(self) -> None:
+        """Give back this thread's lease of this lock's block when the block's exit will
+        not run: an exception raised into the thread (Celery's ``SoftTimeLimitExceeded``,
+        a ``KeyboardInterrupt``) between the grant and the exit. A no-op once it was left
+        (internal to :mod:`asynclock.sync` and its integrations)."""
+        ident = threading.get_ident()
+        lease = self._leases.get(ident)
+        if lease is not None:
+            self._forget(ident, lease)
+            lease.give_back()
 
     def _forget(self, ident: int, lease: Lease) -> None:
         if self._leases.get(ident) is lease:
@@ -341,7 +388,7 @@ class Lock:
             if lease is None:
                 raise RuntimeError(f"lock {self.name!r} was not entered by this thread")  # noqa: TRY301
             self._forget(ident, lease)
-            end_block(lease, exc)
+            lease.end_block(exc)
         except BaseException:
             # Perhaps an exception raised into the thread (a KeyboardInterrupt, Celery's
             # SoftTimeLimitExceeded) before the release was on its way: make sure the
@@ -351,7 +398,7 @@ class Lock:
             lease = lease or self._leases.get(ident)
             if lease is not None:
                 self._forget(ident, lease)
-                abandon(lease)
+                lease.give_back()
             raise
 
     def __repr__(self) -> str:
@@ -374,49 +421,13 @@ async def _acquire(
     lease = Lease(bridge, await core.acquire(), generation, permit=core.limit > 0)
     granted.append(lease)
     if on_lost is not None:
-        _watch_loss(lease, on_lost)
+        lease.watch_loss(on_lost)
     return lease
-
-
-def abandon(lease: Lease) -> None:
-    """Give back, in the background, a lease the caller will never hold (an interrupt
-    came between its grant and the caller): it ends released, quietly (nobody dropped
-    it by mistake), and the lock goes back to the server."""
-    if lease._forked():
-        return  # the parent's lease (this is a forked child): never ours to give back
-    lease._bridge.thread.spawn(lambda: _end_unheld(lease._core))
 
 
 async def _end_unheld(core: AsyncLease) -> None:
     if core.held and not core.releasing:  # (ended meanwhile, or a release goes on)
         core.end_released()
-
-
-def give_back_entered(lock: Lock) -> None:
-    """Give back this thread's lease of ``lock``'s block when the block's exit will not
-    run: an exception raised into the thread (Celery's ``SoftTimeLimitExceeded``, a
-    ``KeyboardInterrupt``) between the grant and the exit. A no-op once it was left."""
-    ident = threading.get_ident()
-    lease = lock._leases.get(ident)
-    if lease is not None:
-        lock._forget(ident, lease)
-        abandon(lease)
-
-
-def _watch_loss(lease: Lease, callback: LossCallback) -> None:
-    """In the loop: run ``callback(lease)`` in a thread of its own when the lease is lost.
-    Not in the loop's executor: closing the loop waits for that, and a callback may
-    itself close the coordinator, or take long."""
-
-    def lost(_: AsyncLease) -> None:
-        threading.Thread(
-            target=_run_callback,
-            args=(callback, lease),
-            name=f"asynclock-on-lost {lease.name}",
-            daemon=True,
-        ).start()
-
-    lease._core.when_lost(lost)
 
 
 def _run_callback(callback: LossCallback, lease: Lease) -> None:
@@ -462,4 +473,5 @@ def make_lease(
 def entered_by(ident: int, bridge: Bridge) -> list[AsyncLease]:
     """The async leases behind the ``with`` blocks thread ``ident`` is inside, on
     ``bridge``'s coordinator (a close from inside them releases them)."""
-    return [lease._core for lease in _entered.get(ident, ()) if lease._bridge is bridge]
+    cores = (lease.core_on(bridge) for lease in _entered.get(ident, ()))
+    return [core for core in cores if core is not None]
